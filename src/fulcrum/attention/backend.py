@@ -1,0 +1,107 @@
+"""Attention backend interface and the per-step metadata every backend reads.
+
+A step's batch is *flattened*: the new tokens of all scheduled requests are concatenated into one
+run of ``num_tokens``. Request ``i`` owns query rows ``query_start_loc[i]:query_start_loc[i+1]``;
+its context after this step is ``seq_lens[i]`` tokens, of which the last ``query_len`` are new::
+
+    request i:  [ cached prefix (seq_len - query_len) | new tokens (query_len) ]
+                  ^ already in the paged KV cache        ^ written to the cache this step
+
+A new token at position ``p`` (0-based in its sequence) attends to positions ``0..p`` (causal).
+
+KV cache layout, one tensor per layer::
+
+    kv_cache[layer]: [2, num_blocks, block_size, num_kv_heads, head_dim]   (0 = K, 1 = V)
+
+Token ``p`` of request ``i`` lives in block ``block_tables[i, p // block_size]`` at offset
+``p % block_size``; ``slot_mapping[t] = block * block_size + offset`` for each new token ``t``
+(``-1`` marks a padding token that must not be written).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    num_tokens: int  # new tokens in this step, over all requests
+    num_reqs: int
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32, on device
+    seq_lens: torch.Tensor  # [num_reqs] int32, on device: context length incl. new tokens
+    block_tables: torch.Tensor  # [num_reqs, max_blocks_per_req] int32, on device (pad: 0)
+    slot_mapping: torch.Tensor  # [num_tokens] int64, on device
+    max_query_len: int
+    max_seq_len: int
+    # Host copies, for backends that split work on the CPU (the torch reference).
+    query_start_loc_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return self.max_query_len == 1
+
+
+class AttentionBackend(ABC):
+    """Computes paged attention for one layer.
+
+    Implementations: ``torch_ref.TorchAttentionBackend`` (CPU and CUDA, the reference) and
+    ``triton_backend.TritonAttentionBackend`` (CUDA; CPU through ``TRITON_INTERPRET=1``).
+    """
+
+    name: str = "abstract"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        """Write the new ``k``/``v`` into ``kv_cache`` at ``meta.slot_mapping``, then attend each
+        new query to its request's whole context (cached prefix plus new tokens), causally."""
+
+
+_REGISTRY: dict[str, type[AttentionBackend]] = {}
+
+
+def register_backend(name: str):
+    def deco(cls: type[AttentionBackend]) -> type[AttentionBackend]:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def get_backend_cls(name: str, device: torch.device) -> type[AttentionBackend]:
+    if name == "auto":
+        name = "triton" if device.type == "cuda" and _triton_available() else "torch"
+    if name == "torch":
+        from fulcrum.attention import torch_ref  # noqa: F401
+    elif name == "triton":
+        from fulcrum.attention import triton_backend  # noqa: F401
+    if name not in _REGISTRY:
+        raise ValueError(f"attention_backend: unknown backend {name!r}; choose auto, torch, triton.")
+    return _REGISTRY[name]
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("fulcrum.attention.triton_backend") is not None

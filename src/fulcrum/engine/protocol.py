@@ -1,0 +1,77 @@
+"""Messages across the engine-core boundary (msgspec structs: msgpack on the wire, never pickle).
+
+The frontend (offline ``LLM`` or the API server's ``AsyncEngine``) tokenizes and sends an
+``EngineCoreRequest``; the core answers each step with one ``EngineCoreOutputs`` holding an
+``EngineCoreOutput`` for every request that produced tokens or finished. Text, stop strings and
+the ``RequestOutput`` objects users see are made on the frontend side (``output_processor``).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class WireSamplingParams(msgspec.Struct, omit_defaults=True):
+    """SamplingParams as sent to the core (the fields the core needs)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+
+class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: WireSamplingParams
+    arrival_time: float = 0.0
+    cache_salt: str | None = None
+    priority: int = 0
+
+
+class Logprobs(msgspec.Struct, array_like=True):
+    """Per generated token: the sampled token's logprob and rank, plus the top alternatives."""
+
+    token_logprob: float
+    token_rank: int
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    request_id: str
+    index: int  # which of the request's n sequences
+    new_token_ids: list[int]
+    new_logprobs: list[Logprobs] | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | None = None  # the stop token id, when one ended it
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+
+class SchedulerStats(msgspec.Struct, omit_defaults=True):
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # fraction of blocks in use by running requests
+    num_blocks_total: int = 0
+    num_blocks_free: int = 0  # free or evictable
+    num_preemptions_total: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up (cumulative)
+    prefix_cache_hits: int = 0  # prompt tokens found (cumulative)
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+
+
+class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):
+    outputs: list[EngineCoreOutput] = []
+    stats: SchedulerStats | None = None
+    timestamp: float = 0.0

@@ -1,0 +1,52 @@
+"""`fulcrum` command line: each subcommand lives in its own module exposing ``add_parser``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (subcommand module, exposes add_parser(subparsers) that sets `func` on its parser)
+_SUBCOMMANDS = [
+    "fulcrum.entrypoints.cli_generate",  # generate, chat
+    "fulcrum.entrypoints.openai.cli_serve",  # serve
+    "fulcrum.bench.cli",  # bench serve|offline|cold-start
+    "fulcrum.analyze.cli",  # analyze
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fulcrum",
+        description="fulcrum: an LLM inference and serving engine.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod_name in _SUBCOMMANDS:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ModuleNotFoundError as e:
+            if e.name and mod_name.startswith(e.name):
+                continue  # subsystem not installed in this build
+            raise
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        rc = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except ValueError as e:
+        print(f"fulcrum {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Sampling parameters, validated on construction (vLLM's names and semantics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20
+_GREEDY_EPS = 1e-5
+
+
+@dataclass
+class SamplingParams:
+    """How to turn logits into tokens for one request.
+
+    ``temperature == 0`` is greedy. ``top_k <= 0`` (or -1) disables top-k. ``logprobs=k`` returns
+    the sampled token's log-probability plus the ``k`` most likely alternatives (0 ≤ k ≤ 20).
+    Stop strings are excluded from the returned text unless ``include_stop_str_in_output``.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # Filled by the engine: EOS ids of the model (not part of the user surface).
+    all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif self.stop is None:
+            self.stop = []
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self._verify()
+        if self.temperature < _GREEDY_EPS:
+            # Greedy: the filters are irrelevant; normalise them so batches stay simple.
+            self.temperature = 0.0
+            self.top_p, self.top_k, self.min_p = 1.0, -1, 0.0
+        if self.top_k == 0:
+            self.top_k = -1
+
+    def _verify(self) -> None:
+        def bad(field_name: str, why: str) -> ValueError:
+            return ValueError(f"{field_name} {why}")
+
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad("n", f"must be at least 1, got {self.n}.")
+        if self.temperature < 0.0:
+            raise bad("temperature", f"must be non-negative, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", f"must be in (0, 1], got {self.top_p}.")
+        if self.top_k < -1:
+            raise bad("top_k", f"must be -1 (disable), 0 (disable) or at least 1, got {self.top_k}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", f"must be in [0, 1], got {self.min_p}.")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise bad("presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}.")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise bad("frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty}.")
+        if not self.repetition_penalty > 0.0:
+            raise bad("repetition_penalty", f"must be greater than 0, got {self.repetition_penalty}.")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise bad("max_tokens", f"must be at least 1, got {self.max_tokens}.")
+        if self.min_tokens < 0:
+            raise bad("min_tokens", f"must be non-negative, got {self.min_tokens}.")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad("min_tokens", f"must not exceed max_tokens={self.max_tokens}, got {self.min_tokens}.")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise bad("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}.")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise bad("seed", f"must be an integer, got {self.seed!r}.")
+        if any(not isinstance(s, str) or s == "" for s in self.stop):
+            raise bad("stop", "must be non-empty strings.")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "must be non-negative integers.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def clone(self) -> SamplingParams:
+        import copy
+
+        return copy.deepcopy(self)
