@@ -1,0 +1,118 @@
+"""EngineArgs: every engine knob in one dataclass, shared by ``LLM(...)`` and the CLI flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+from fulcrum.config import (
+    CacheConfig,
+    EngineConfig,
+    SchedulerConfig,
+    resolve_device,
+    resolve_dtype,
+)
+
+_HELP = {
+    "model": "Model: a Hugging Face directory, a .gguf file, or a name/path under configs/ with "
+    "--load-format dummy. Default: the embedded SmolLM2-135M-Instruct.",
+    "tokenizer": "Tokenizer directory (default: the model's own).",
+    "dtype": "Weight and activation dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, "
+    "float16, bfloat16.",
+    "device": "Device: auto, cpu, cuda, cuda:N.",
+    "load_format": "Weight format: auto, safetensors, gguf, dummy (random weights for benchmarks).",
+    "block_size": "Tokens per KV-cache block.",
+    "max_num_seqs": "Maximum concurrent sequences in one step.",
+    "max_num_batched_tokens": "Token budget of one step (prefill chunks + decodes).",
+    "max_model_len": "Maximum context length (prompt + output). Default: the model's, capped by "
+    "what the KV cache holds.",
+    "kv_cache_memory": "KV-cache size in GiB (default on CPU: 2 GiB).",
+    "gpu_memory_utilization": "Fraction of GPU memory fulcrum may use (weights + activations + KV).",
+    "num_kv_blocks": "Exact number of KV-cache blocks (overrides the memory-based sizing).",
+    "enable_prefix_caching": "Reuse KV of shared prompt prefixes across requests (radix cache).",
+    "schedule_policy": "Waiting-queue order: fcfs, or lpm (longest cached prefix first).",
+    "seed": "Seed for weight init (dummy) and for unseeded sampling.",
+    "attention_backend": "Attention implementation: auto, torch, triton.",
+    "enforce_eager": "Disable CUDA graphs (always eager on CPU).",
+}
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    load_format: str = "auto"
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    kv_cache_memory: float | None = None
+    gpu_memory_utilization: float = 0.9
+    num_kv_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    schedule_policy: str = "fcfs"
+    seed: int = 0
+    attention_backend: str = "auto"
+    enforce_eager: bool = False
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        g = parser.add_argument_group("engine")
+        for f in dataclasses.fields(EngineArgs):
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default
+            if isinstance(default, bool):
+                g.add_argument(
+                    flag,
+                    action=argparse.BooleanOptionalAction,
+                    default=default,
+                    help=_HELP[f.name] + " (default: %(default)s)",
+                )
+                continue
+            base = str(f.type).split(" ")[0]
+            typ = {"int": int, "float": float}.get(base, str)
+            g.add_argument(flag, type=typ, default=default, help=_HELP[f.name] + " (default: %(default)s)")
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+    def create_engine_config(self) -> EngineConfig:
+        """Resolve the model (config, weights, tokenizer) and size every config."""
+        from fulcrum.model.loader.resolve import resolve_model_config
+
+        device = resolve_device(self.device)
+        dtype = resolve_dtype(self.dtype, device)
+        model_config = resolve_model_config(
+            self.model,
+            tokenizer=self.tokenizer,
+            load_format=self.load_format,
+            dtype=dtype,
+            max_model_len=self.max_model_len,
+            seed=self.seed,
+        )
+        cache_config = CacheConfig(
+            block_size=self.block_size,
+            kv_cache_memory=self.kv_cache_memory,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            num_blocks=self.num_kv_blocks,
+            enable_prefix_caching=self.enable_prefix_caching,
+        )
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=model_config.max_model_len,
+            schedule_policy=self.schedule_policy,
+        )
+        return EngineConfig(
+            model_config=model_config,
+            cache_config=cache_config,
+            scheduler_config=scheduler_config,
+            device=device,
+            attention_backend=self.attention_backend,
+            enforce_eager=self.enforce_eager or device.type != "cuda",
+        )
