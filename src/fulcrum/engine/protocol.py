@@ -28,6 +28,12 @@ class WireSamplingParams(msgspec.Struct, omit_defaults=True):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     logprobs: int | None = None
+    # Set by the core: the model's EOS ids (min_tokens masks them, ignore_eos skips them).
+    all_stop_token_ids: list[int] = []
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
 
 
 class EngineCoreRequest(msgspec.Struct, omit_defaults=True):

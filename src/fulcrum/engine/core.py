@@ -1,0 +1,83 @@
+"""EngineCore: the busy loop's body. ``step()`` = schedule → execute → update.
+
+The core knows token ids only; text, stop strings and user-facing outputs are the frontend's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from fulcrum.config import EngineConfig
+from fulcrum.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from fulcrum.scheduler.scheduler import Scheduler
+from fulcrum.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+def eos_token_ids(config: EngineConfig) -> set[int]:
+    hf = config.model_config.hf_config
+    eos = getattr(hf, "eos_token_id", None)
+    ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    gen = getattr(config.model_config, "generation_eos", None)
+    return ids | set(gen or [])
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        t0 = time.perf_counter()
+        self.config = config
+        self.runner = ModelRunner(config)
+        num_blocks = self.runner.determine_num_blocks()
+        self.runner.allocate_kv_cache(num_blocks)
+        sc = config.scheduler_config
+        bs = config.cache_config.block_size
+        if num_blocks * bs < sc.max_model_len:
+            logger.warning(
+                "The KV cache holds %d tokens, fewer than max_model_len=%d: capping max_model_len.",
+                num_blocks * bs, sc.max_model_len,
+            )
+            sc = dataclasses.replace(sc, max_model_len=num_blocks * bs)
+        self.max_model_len = sc.max_model_len
+        self.scheduler = Scheduler(
+            sc, config.cache_config, num_blocks, config.model_config.vocab_size, eos_token_ids(config)
+        )
+        logger.info(
+            "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB); max_model_len %d holds %.1f "
+            "full-length sequences. Engine ready in %.2f s (weights %.2f s).",
+            num_blocks, bs, num_blocks * bs, num_blocks * self.runner.bytes_per_block / 2**30,
+            sc.max_model_len, num_blocks * bs / sc.max_model_len, time.perf_counter() - t0,
+            self.runner.load_time,
+        )
+        self.num_steps = 0
+
+    @property
+    def num_kv_tokens(self) -> int:
+        return self.runner.num_blocks * self.config.cache_config.block_size
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        self.scheduler.add_request(req)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.abort_requests(request_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> EngineCoreOutputs:
+        sched_out = self.scheduler.schedule()
+        sampled, logprobs = [], None
+        if not sched_out.is_empty:
+            tables = [self.scheduler.kv.block_table(r.key) for r, _ in sched_out.scheduled]
+            sampled, logprobs = self.runner.execute(sched_out, tables)
+        outputs = self.scheduler.update(sched_out, sampled, logprobs)
+        self.num_steps += 1
+        return EngineCoreOutputs(outputs=outputs, stats=self.get_stats(), timestamp=time.time())
+
+    def get_stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+    def shutdown(self) -> None:
+        self.runner.kv_caches.clear()

@@ -1,0 +1,93 @@
+"""Engine-side request state: one ``Request`` per generated sequence (n > 1 makes n of them)."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from fulcrum.engine.protocol import WireSamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (
+            RequestStatus.FINISHED_STOPPED,
+            RequestStatus.FINISHED_LENGTH,
+            RequestStatus.FINISHED_ABORTED,
+        )
+
+
+class Request:
+    """Token bookkeeping of one sequence.
+
+    ``all_token_ids = prompt + output``. ``num_computed_tokens`` of them have KV in the cache;
+    a step schedules ``num_tokens - num_computed_tokens`` (or a chunk of it). When a step
+    computes the last known token, its logits are sampled and one token is appended.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        index: int,
+        prompt_token_ids: list[int],
+        params: WireSamplingParams,
+        eos_token_ids: set[int],
+        arrival_time: float | None = None,
+        cache_salt: str | None = None,
+        priority: int = 0,
+        parent: Request | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.index = index
+        self.key = f"{request_id}#{index}"
+        self.prompt_token_ids = prompt_token_ids
+        self.all_token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else eos_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prefix-cache hit at first admission (-1: not yet admitted)
+        self.status = RequestStatus.WAITING
+        self.arrival_time = arrival_time if arrival_time is not None else time.time()
+        self.cache_salt = cache_salt
+        self.priority = priority
+        self.parent = parent  # n > 1: the sibling whose prefill this one shares
+        self.num_preemptions = 0
+        self.stop_reason: int | None = None
+        # Seeded requests get their own generator (made on the model's device by the runner).
+        self.generator: torch.Generator | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed_tokens >= self.num_prompt_tokens
+
+    def append_token(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.key}, prompt={self.num_prompt_tokens}, out={self.num_output_tokens}, "
+            f"computed={self.num_computed_tokens}, {self.status.value})"
+        )

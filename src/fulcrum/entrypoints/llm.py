@@ -1,0 +1,180 @@
+"""The offline Python API, in vLLM's shape: ``LLM(...).generate(prompts, params)``."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from fulcrum.engine.arg_utils import EngineArgs
+from fulcrum.engine.core import EngineCore
+from fulcrum.engine.output_processor import OutputProcessor
+from fulcrum.engine.outputs import RequestOutput
+from fulcrum.engine.protocol import EngineCoreRequest, WireSamplingParams
+from fulcrum.model.loader.tokenizer import load_tokenizer
+from fulcrum.sampling_params import SamplingParams
+
+Prompt = str | list[int] | dict[str, Any]
+
+
+def to_wire(params: SamplingParams, num_prompt_tokens: int, max_model_len: int) -> WireSamplingParams:
+    """The core's view of ``params``; ``max_tokens=None`` means "up to the context limit"."""
+    max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - num_prompt_tokens
+    return WireSamplingParams(
+        n=params.n,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        seed=params.seed,
+        max_tokens=max(1, max_tokens),
+        min_tokens=params.min_tokens,
+        stop_token_ids=list(params.stop_token_ids or []),
+        ignore_eos=params.ignore_eos,
+        logprobs=params.logprobs,
+    )
+
+
+class LLM:
+    """Run a model in this process. ``LLM()`` serves the embedded SmolLM2-135M-Instruct.
+
+    Keyword arguments are ``EngineArgs`` fields (``dtype``, ``device``, ``load_format``,
+    ``block_size``, ``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``, ``seed``,
+    ``kv_cache_memory``, ``enable_prefix_caching``, ...).
+    """
+
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        unknown = set(kwargs) - set(EngineArgs.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"{sorted(unknown)[0]}: unknown LLM argument.")
+        self.engine_args = EngineArgs(model=model, **kwargs)
+        self.config = self.engine_args.create_engine_config()
+        self.tokenizer = load_tokenizer(self.config.model_config)
+        self.core = EngineCore(self.config)
+        self.processor = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.core.max_model_len
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    # -- prompts ------------------------------------------------------------------------------
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            prompt = prompt["prompt"]
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: this model has no tokenizer; pass token ids.")
+            return prompt, list(self.tokenizer(prompt).input_ids)
+        if isinstance(prompt, Sequence) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise ValueError("prompt: expected a string, a list of token ids, or a dict.")
+
+    def _normalize(self, prompts) -> list[Prompt]:
+        if isinstance(prompts, (str, dict)):
+            return [prompts]
+        if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts):
+            return [list(prompts)]
+        return list(prompts)
+
+    # -- generation ---------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; returns one ``RequestOutput`` per prompt, in order."""
+        items = self._normalize(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = (
+            [sampling_params] * len(items)
+            if isinstance(sampling_params, SamplingParams)
+            else list(sampling_params)
+        )
+        if len(params) != len(items):
+            raise ValueError(
+                f"sampling_params: got {len(params)} for {len(items)} prompts; pass one or one each."
+            )
+        order: list[str] = []
+        try:
+            for prompt, sp in zip(items, params, strict=True):
+                order.append(self._add(prompt, sp))
+            return self._run(order, use_tqdm)
+        except BaseException:
+            self.core.abort_requests(order)
+            for rid in order:
+                self.processor.abort_request(rid)
+            while self.core.has_unfinished_requests():
+                self.core.step()
+            raise
+
+    def _add(self, prompt: Prompt, sp: SamplingParams) -> str:
+        text, ids = self._tokenize(prompt)
+        rid = str(next(self._ids))
+        wire = to_wire(sp, len(ids), self.max_model_len)
+        self.core.add_request(EngineCoreRequest(rid, ids, wire, time.time()))
+        self.processor.add_request(rid, text, ids, sp, time.time(), stream=False)
+        return rid
+
+    def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(order), desc="Generating", unit="req", dynamic_ncols=True)
+        while self.core.has_unfinished_requests():
+            outs = self.core.step()
+            results, to_abort = self.processor.process_outputs(outs.outputs)
+            if to_abort:
+                self.core.abort_requests(to_abort)
+            for r in results:
+                done[r.request_id] = r
+                if bar is not None:
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [done[rid] for rid in order]
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        if self.tokenizer is None:
+            raise ValueError("messages: this model has no tokenizer or chat template.")
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts: list[Prompt] = []
+        for conv in convs:
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    conv, tokenize=False, add_generation_prompt=add_generation_prompt,
+                    chat_template=chat_template,
+                )
+            except Exception as e:
+                raise ValueError(f"messages: cannot apply the chat template: {e}") from None
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def stats(self) -> dict[str, Any]:
+        import msgspec
+
+        return msgspec.structs.asdict(self.core.get_stats())

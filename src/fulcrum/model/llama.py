@@ -1,0 +1,189 @@
+"""Llama-family decoder (Llama 1-3, Mistral, Qwen2) over a flattened varlen batch and paged KV.
+
+Parameter names follow Hugging Face's checkpoints except for two fusions: ``q/k/v_proj`` are one
+``qkv_proj`` and ``gate/up_proj`` are one ``gate_up_proj``; ``load_weights`` maps the shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
+from fulcrum.model.layers.activation import silu_and_mul
+from fulcrum.model.layers.norm import RMSNorm
+from fulcrum.model.layers.rotary import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    qkv_bias: bool
+    tie_word_embeddings: bool
+    max_position: int
+
+    @classmethod
+    def from_hf(cls, c, max_position: int) -> ModelArgs:
+        n_heads = c.num_attention_heads
+        arch = (getattr(c, "architectures", None) or [""])[0]
+        return cls(
+            vocab_size=c.vocab_size,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_layers=c.num_hidden_layers,
+            num_heads=n_heads,
+            num_kv_heads=getattr(c, "num_key_value_heads", None) or n_heads,
+            head_dim=getattr(c, "head_dim", None) or c.hidden_size // n_heads,
+            rms_norm_eps=c.rms_norm_eps,
+            qkv_bias=bool(getattr(c, "attention_bias", False)) or arch.startswith("Qwen2"),
+            tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+            max_position=max_position,
+        )
+
+
+class Attention(nn.Module):
+    def __init__(self, a: ModelArgs, rope: RotaryEmbedding, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.a = a
+        self.q_size, self.kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        self.qkv_proj = nn.Linear(a.hidden_size, self.q_size + 2 * self.kv_size, bias=a.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, a.hidden_size, bias=False)
+        self.rope = rope
+        self.backend = backend
+
+    def forward(self, x, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        a = self.a
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, a.num_heads, a.head_dim)
+        k = k.view(-1, a.num_kv_heads, a.head_dim)
+        v = v.view(-1, a.num_kv_heads, a.head_dim)
+        q, k = self.rope(positions, q, k)
+        o = self.backend.forward(q, k, v, kv_cache, meta)
+        return self.o_proj(o.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, a: ModelArgs) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, a: ModelArgs, rope: RotaryEmbedding, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.self_attn = Attention(a, rope, backend)
+        self.mlp = MLP(a)
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+    def forward(self, x, residual, positions, kv_cache, meta):
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, kv_cache, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, a: ModelArgs, hf_config, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        rope = RotaryEmbedding(hf_config, a.head_dim, a.max_position)
+        self.layers = nn.ModuleList(DecoderLayer(a, rope, backend) for _ in range(a.num_layers))
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x, residual = layer(x, residual, positions, kv_cache, meta)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, hf_config, max_position: int, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.args = ModelArgs.from_hf(hf_config, max_position)
+        self.model = LlamaModel(self.args, hf_config, backend)
+        self.lm_head = nn.Linear(self.args.hidden_size, self.args.vocab_size, bias=False)
+        if self.args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        """``input_ids``/``positions``: [num_tokens]; returns hidden states [num_tokens, hidden]."""
+        return self.model(input_ids, positions, kv_caches, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    # -- weights ------------------------------------------------------------------------------
+
+    _FUSED = {  # checkpoint name fragment -> (fused param fragment, shard index)
+        ".q_proj.": (".qkv_proj.", 0),
+        ".k_proj.": (".qkv_proj.", 1),
+        ".v_proj.": (".qkv_proj.", 2),
+        ".gate_proj.": (".gate_up_proj.", 0),
+        ".up_proj.": (".gate_up_proj.", 1),
+    }
+
+    def _shard_offsets(self, fused: str, shard: int) -> tuple[int, int]:
+        a = self.args
+        if fused == ".qkv_proj.":
+            q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+            return [(0, q), (q, kv), (q + kv, kv)][shard]
+        i = a.intermediate_size
+        return (shard * i, i)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors into parameters; returns the parameter names that were set."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.args.tie_word_embeddings:
+                continue
+            target, offset = name, None
+            for frag, (fused, shard) in self._FUSED.items():
+                if frag in name:
+                    target = name.replace(frag, fused)
+                    offset = self._shard_offsets(fused, shard)
+                    break
+            if target not in params:
+                raise ValueError(f"model weights: unexpected tensor {name!r} in the checkpoint.")
+            p = params[target]
+            dst = p.data if offset is None else p.data.narrow(0, offset[0], offset[1])
+            if tuple(dst.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"model weights: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(dst.shape)}."
+                )
+            dst.copy_(tensor)
+            loaded.add(f"{target}#{offset}")
+        return loaded
+
+    def expected_weight_count(self) -> int:
+        n = 0
+        for name, _ in self.named_parameters():
+            if name == "lm_head.weight" and self.args.tie_word_embeddings:
+                continue
+            n += 3 if ".qkv_proj.weight" in name or ".qkv_proj.bias" in name else 1
+            n += 1 if ".gate_up_proj." in name else 0
+        return n

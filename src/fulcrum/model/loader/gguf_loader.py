@@ -1,0 +1,133 @@
+"""GGUF → Hugging Face directory conversion, cached on disk so the second load is fast.
+
+The tensors are dequantized to float32 with the ``gguf`` package; llama.cpp's Q/K row
+permutation (its rotary layout) is undone; config and tokenizer (with the chat template) are
+read from the file's metadata through transformers and saved beside the weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+_CONVERTER_VERSION = "1"
+_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def cache_root() -> str:
+    root = os.environ.get("FULCRUM_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "fulcrum"
+    )
+    return os.path.join(root, "gguf")
+
+
+def _cache_dir_for(path: str) -> str:
+    st = os.stat(path)
+    key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{_CONVERTER_VERSION}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return os.path.join(cache_root(), f"{os.path.basename(path)}-{digest}")
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _NAMES:
+        return _NAMES[gguf_name]
+    parts = gguf_name.split(".")  # blk.N.attn_q.weight
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's ``permute`` of Q/K rows (interleaved → half-split rotary layout)."""
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+def read_gguf_tensors(path: str, arch: str, n_head: int, n_kv_head: int):
+    """Yield (hf_name, float32 tensor) for every tensor of the file."""
+    import gguf
+    from tqdm.auto import tqdm
+
+    reader = gguf.GGUFReader(path)
+    for t in tqdm(reader.tensors, desc="Dequantizing GGUF", unit="tensor", leave=False):
+        name = _hf_name(t.name)
+        if name is None:
+            if t.name.startswith("rope_freqs"):
+                continue
+            raise ValueError(f"model: GGUF tensor {t.name!r} is not supported.")
+        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            w = _unpermute(w, n_head)
+        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            w = _unpermute(w, n_kv_head)
+        yield name, torch.from_numpy(np.ascontiguousarray(w))
+
+
+def convert_gguf(path: str) -> str:
+    """Return a directory holding config.json, model.safetensors and the tokenizer for ``path``."""
+    out = _cache_dir_for(path)
+    if os.path.isfile(os.path.join(out, "fulcrum_converted.json")):
+        return out
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    t0 = time.perf_counter()
+    logger.info("Converting %s once into %s (cached for the next load)", path, out)
+    d, f = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    try:
+        config = AutoConfig.from_pretrained(d, gguf_file=f)
+        tokenizer = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    except Exception as e:  # corrupt or foreign file: say which and why
+        raise ValueError(f"model: cannot read GGUF file {path!r}: {e}") from None
+    arch = config.model_type
+    if arch not in _ARCHS:
+        raise ValueError(f"architectures: GGUF architecture {arch!r} is not supported.")
+    config.architectures = [_ARCHS[arch]]
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    n_kv = config.num_key_value_heads or config.num_attention_heads
+    tensors = dict(read_gguf_tensors(path, arch, config.num_attention_heads, n_kv))
+    if "lm_head.weight" not in tensors:
+        config.tie_word_embeddings = True
+    os.makedirs(cache_root(), exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=cache_root(), prefix=".tmp-")
+    try:
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        save_file(tensors, os.path.join(tmp, "model.safetensors"))
+        with open(os.path.join(tmp, "fulcrum_converted.json"), "w") as fh:
+            json.dump({"source": os.path.abspath(path), "seconds": time.perf_counter() - t0}, fh)
+        if os.path.isdir(out):
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("GGUF conversion took %.1f s", time.perf_counter() - t0)
+    return out

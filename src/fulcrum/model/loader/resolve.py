@@ -1,0 +1,110 @@
+"""Turn what the user named (nothing, a directory, a .gguf file, a configs/ name) into a ModelConfig."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from fulcrum.config import ModelConfig
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))))
+CONFIGS_DIR = os.environ.get("FULCRUM_CONFIGS_DIR") or os.path.join(_REPO_ROOT, "configs")
+_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+
+def _find_config(name: str) -> str | None:
+    """A configs/ entry by file or bare name (``llama-3.1-8b`` → configs/llama-3.1-8b.json)."""
+    for cand in (name, os.path.join(CONFIGS_DIR, name), os.path.join(CONFIGS_DIR, name + ".json")):
+        if os.path.isfile(cand) and cand.endswith(".json"):
+            return cand
+        if os.path.isdir(cand) and os.path.isfile(os.path.join(cand, "config.json")):
+            return os.path.join(cand, "config.json")
+    return None
+
+
+def _load_hf_config(config_file: str):
+    from transformers import AutoConfig
+
+    try:
+        with open(config_file) as fh:
+            raw = json.load(fh)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"model: cannot read config {config_file!r}: {e}") from None
+    if "model_type" not in raw:
+        raise ValueError(f"model: config {config_file!r} has no model_type.")
+    model_type = raw.pop("model_type")
+    cfg = AutoConfig.for_model(model_type, **raw)
+    return cfg
+
+
+def resolve_model_config(
+    model: str | None,
+    *,
+    tokenizer: str | None = None,
+    load_format: str = "auto",
+    dtype: torch.dtype = torch.float32,
+    max_model_len: int | None = None,
+    seed: int = 0,
+) -> ModelConfig:
+    from fulcrum.model.loader.default_model import default_model_path
+    from fulcrum.model.registry import get_model_cls
+
+    if load_format not in _FORMATS:
+        raise ValueError(f"load_format: unknown format {load_format!r}; choose {', '.join(_FORMATS)}.")
+    if model is None:
+        model = default_model_path()
+    if load_format == "dummy":
+        cfg_file = _find_config(model)
+        if cfg_file is None:
+            raise ValueError(
+                f"model: no config.json for {model!r} (looked in the path and in {CONFIGS_DIR})."
+            )
+        weights_path, tok = os.path.dirname(cfg_file), tokenizer
+        hf_config = _load_hf_config(cfg_file)
+    elif model.endswith(".gguf") or load_format == "gguf":
+        if not os.path.isfile(model):
+            raise ValueError(f"model: GGUF file {model!r} does not exist.")
+        from fulcrum.model.loader.gguf_loader import convert_gguf
+
+        load_format = "gguf"
+        weights_path = convert_gguf(model)
+        tok = tokenizer or weights_path
+        hf_config = _load_hf_config(os.path.join(weights_path, "config.json"))
+    else:
+        if not os.path.isdir(model):
+            raise ValueError(f"model: {model!r} is neither a directory nor a .gguf file.")
+        cfg_file = os.path.join(model, "config.json")
+        if not os.path.isfile(cfg_file):
+            raise ValueError(f"model: {model!r} has no config.json.")
+        load_format, weights_path = "safetensors", model
+        hf_config = _load_hf_config(cfg_file)
+        has_tok = any(
+            os.path.isfile(os.path.join(model, f)) for f in ("tokenizer.json", "tokenizer.model")
+        )
+        tok = tokenizer or (model if has_tok else None)
+    archs = getattr(hf_config, "architectures", None)
+    if not archs:
+        raise ValueError(f"architectures: config of {model!r} names no architecture.")
+    get_model_cls(archs[0])  # unknown architecture → ValueError naming the field
+    limit = int(getattr(hf_config, "max_position_embeddings", 2048))
+    if max_model_len is None:
+        max_model_len = limit
+    elif max_model_len < 1:
+        raise ValueError(f"max_model_len must be at least 1, got {max_model_len}.")
+    elif max_model_len > limit:
+        raise ValueError(
+            f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={limit}."
+        )
+    return ModelConfig(
+        model=model,
+        hf_config=hf_config,
+        weights_path=weights_path,
+        tokenizer_path=tok,
+        load_format=load_format,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        seed=seed,
+    )

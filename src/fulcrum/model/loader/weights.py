@@ -1,0 +1,94 @@
+"""Build the model and fill its weights: safetensors (sharded, with index), converted GGUF, dummy."""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import time
+
+import torch
+from torch import nn
+
+from fulcrum.attention.backend import AttentionBackend
+from fulcrum.config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+def _safetensors_files(path: str) -> list[str]:
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index) as fh:
+                weight_map = json.load(fh)["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError) as e:
+            raise ValueError(f"model weights: corrupt index {index!r}: {e}") from None
+        files = sorted({os.path.join(path, f) for f in weight_map.values()})
+        missing = [f for f in files if not os.path.isfile(f)]
+        if missing:
+            raise ValueError(f"model weights: shard {missing[0]!r} named in the index is missing.")
+        return files
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise ValueError(f"model weights: no *.safetensors files in {path!r}.")
+    return files
+
+
+def iter_safetensors(path: str):
+    from safetensors import safe_open
+    from safetensors import SafetensorError
+
+    for f in _safetensors_files(path):
+        try:
+            with safe_open(f, framework="pt") as fh:
+                for name in fh.keys():
+                    yield name, fh.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"model weights: cannot read {f!r}: {e}") from None
+
+
+def _init_dummy(model: nn.Module, seed: int) -> None:
+    """Random weights on the model's device (no CPU round trip), scaled to keep activations sane."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight") or "layernorm" in name:
+            p.data.fill_(1.0)
+        else:
+            p.data.uniform_(-0.02, 0.02, generator=gen)
+
+
+def load_model(
+    mc: ModelConfig, backend: AttentionBackend, device: torch.device
+) -> tuple[nn.Module, float]:
+    """Return the model on ``device`` in ``mc.dtype`` and the load time in seconds."""
+    from fulcrum.model.registry import get_model_cls
+
+    t0 = time.perf_counter()
+    cls = get_model_cls(mc.architecture)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(mc.dtype)
+    try:
+        with torch.device(device):
+            model = cls(mc.hf_config, mc.max_model_len, backend)
+    finally:
+        torch.set_default_dtype(old)
+    # Buffers (the rotary cache) stay float32.
+    for name, buf in model.named_buffers():
+        if buf.is_floating_point():
+            buf.data = buf.data.float()
+    if mc.load_format == "dummy":
+        _init_dummy(model, mc.seed)
+    else:
+        loaded = model.load_weights(iter_safetensors(mc.weights_path))
+        expected = model.expected_weight_count()
+        if len(loaded) != expected:
+            raise ValueError(
+                f"model weights: checkpoint in {mc.weights_path!r} filled {len(loaded)} of "
+                f"{expected} parameter shards; it is incomplete or for another model."
+            )
+    model.eval()
+    dt = time.perf_counter() - t0
+    logger.info("Loaded %s (%s) in %.2f s", mc.model, mc.load_format, dt)
+    return model, dt

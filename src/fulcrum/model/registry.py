@@ -1,0 +1,26 @@
+"""Maps a config's ``architectures`` entry to the model class that runs it."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from fulcrum.model.llama import LlamaForCausalLM
+
+_MODELS: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def get_model_cls(architecture: str) -> type[nn.Module]:
+    if architecture not in _MODELS:
+        raise ValueError(
+            f"architectures: unknown architecture {architecture!r}; supported: "
+            f"{', '.join(supported_architectures())}."
+        )
+    return _MODELS[architecture]

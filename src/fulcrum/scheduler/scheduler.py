@@ -1,0 +1,266 @@
+"""Continuous batching under one token budget per step.
+
+Each step hands out ``max_num_batched_tokens``: running requests first (a decode costs 1 token, an
+unfinished prompt a chunk of what is left), then waiting ones in policy order. When blocks run
+out, the newest running request is preempted: its blocks are freed, it goes back to the front of
+the queue with its output kept, and is recomputed later (its prefix usually still cached).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from fulcrum.config import CacheConfig, SchedulerConfig
+from fulcrum.engine.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
+from fulcrum.engine.request import Request, RequestStatus
+from fulcrum.kv_cache.manager import KVCacheManager
+from fulcrum.scheduler.output import SchedulerOutput
+from fulcrum.scheduler.policy import order_waiting
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_blocks: int,
+        vocab_size: int,
+        eos_token_ids: set[int],
+    ) -> None:
+        self.config = config
+        self.block_size = cache_config.block_size
+        self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, list[Request]] = {}
+        self._aborted: list[Request] = []
+        self.num_preemptions = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        prompt, sp, max_len = req.prompt_token_ids, req.sampling_params, self.config.max_model_len
+        if req.request_id in self.requests:
+            raise ValueError(f"request_id: {req.request_id!r} is already running.")
+        if not prompt:
+            raise ValueError("prompt: the prompt is empty.")
+        if len(prompt) >= max_len:
+            raise ValueError(
+                f"prompt: {len(prompt)} prompt tokens leave no room to generate within "
+                f"max_model_len={max_len}."
+            )
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompt_token_ids: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})."
+            )
+        need = -(-(len(prompt) + 1) // self.block_size)
+        if need > self.kv.num_blocks:
+            raise ValueError(
+                f"prompt: {len(prompt)} tokens need {need} KV blocks; the cache has "
+                f"{self.kv.num_blocks}."
+            )
+        if sp.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {sp.max_tokens}.")
+        sp.all_stop_token_ids = sorted(self.eos_token_ids)
+        seqs: list[Request] = []
+        for i in range(sp.n):
+            seqs.append(
+                Request(
+                    req.request_id, i, list(prompt), sp, self.eos_token_ids, req.arrival_time,
+                    req.cache_salt, req.priority, parent=seqs[0] if i else None,
+                )
+            )
+        self.requests[req.request_id] = seqs
+        self.waiting.extend(seqs)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """Abort whole requests by id, or one sequence of an n > 1 request as ``rid#index``."""
+        for rid in request_ids:
+            seqs = self.requests.get(rid)
+            if seqs is None and "#" in rid:
+                base, _, idx = rid.rpartition("#")
+                group = self.requests.get(base, [])
+                seqs = [s for s in group if idx.isdigit() and s.index == int(idx)]
+            for r in seqs or []:
+                if r.status.finished:
+                    continue
+                if r.status == RequestStatus.RUNNING:
+                    self.running.remove(r)
+                else:
+                    self.waiting.remove(r)
+                self.kv.free(r.key)
+                r.status = RequestStatus.FINISHED_ABORTED
+                self._aborted.append(r)
+                self._drop_if_done(r.request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self._aborted)
+
+    # -- scheduling ---------------------------------------------------------------------------
+
+    def _preempt(self, victim: Request) -> None:
+        self.kv.free(victim.key)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        out = SchedulerOutput()
+        # 1. Running requests, oldest first.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            while not self.kv.allocate_slots(req.key, req.num_computed_tokens + num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                out.add(req, num_new)
+                budget -= num_new
+                i += 1
+                continue
+            break
+        # 2. Waiting requests, unless this step had to preempt.
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        bs = self.block_size
+        prefilling = [r for r in self.running if not r.prefill_done]
+        for req in order_waiting(self.waiting, self.kv, self.config):
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            parent = req.parent
+            if parent is not None and not parent.status.finished and not parent.prefill_done:
+                # n > 1: share the sibling's prefill once it is done
+                continue
+            blocks, node = self.kv.match_prefix(req.all_token_ids, req.cache_salt)
+            if self.kv.tree is None and parent is not None and self.kv.has(parent.key):
+                blocks = self.kv.block_table(parent.key)[: (req.num_prompt_tokens - 1) // bs]
+            m = len(blocks)
+            if self.kv.tree is not None and _shares_uncached_block(req, m, bs, prefilling):
+                # another request is computing this prefix right now
+                continue
+            num_computed = m * bs
+            num_new = min(req.num_tokens - num_computed, budget)
+            hit = self.kv.admit(req.key, blocks, node)
+            if not self.kv.allocate_slots(req.key, num_computed + num_new):
+                self.kv.free(req.key)
+                break
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = hit
+                self.kv.record_query(req.num_prompt_tokens, hit)
+            req.num_computed_tokens = num_computed
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            prefilling.append(req)
+            out.add(req, num_new)
+            budget -= num_new
+        admitted = {id(r) for r, _ in out.scheduled}
+        self.waiting = deque(r for r in self.waiting if id(r) not in admitted)
+
+    # -- results ------------------------------------------------------------------------------
+
+    def update(
+        self,
+        out: SchedulerOutput,
+        sampled: list[int],
+        logprobs: list[Logprobs] | None = None,
+    ) -> list[EngineCoreOutput]:
+        """Apply one step's sampled tokens (one per request that reached its last known token)."""
+        results: list[EngineCoreOutput] = []
+        k = 0
+        for req, num_new in out.scheduled:
+            req.num_computed_tokens += num_new
+            if req.num_computed_tokens == req.num_prompt_tokens and req.num_output_tokens == 0:
+                self.prompt_tokens_total += req.num_prompt_tokens
+            if req.num_computed_tokens < req.num_tokens:
+                self.kv.cache_blocks(req.key, req.all_token_ids, req.num_computed_tokens, req.cache_salt)
+                continue  # a prefill chunk: nothing sampled yet
+            tok = sampled[k]
+            lp = logprobs[k] if logprobs is not None else None
+            k += 1
+            req.append_token(tok)
+            self.generation_tokens_total += 1
+            self.kv.cache_blocks(req.key, req.all_token_ids, req.num_computed_tokens, req.cache_salt)
+            finish = self._check_stop(req, tok)
+            results.append(
+                EngineCoreOutput(
+                    req.request_id, req.index, [tok], [lp] if lp is not None else None,
+                    finish_reason=finish, stop_reason=req.stop_reason,
+                    num_cached_tokens=max(req.num_cached_tokens, 0),
+                )
+            )
+            if finish is not None:
+                self._finish(req)
+        for r in self._aborted:
+            results.append(EngineCoreOutput(r.request_id, r.index, [], finish_reason="abort"))
+        self._aborted.clear()
+        return results
+
+    def _check_stop(self, req: Request, tok: int) -> str | None:
+        sp = req.params
+        if tok in req.stop_ids and req.num_output_tokens > sp.min_tokens:
+            req.stop_reason = tok
+            req.status = RequestStatus.FINISHED_STOPPED
+            return "stop"
+        if req.num_output_tokens >= sp.max_tokens or req.num_tokens >= self.config.max_model_len:
+            req.status = RequestStatus.FINISHED_LENGTH
+            return "length"
+        return None
+
+    def _finish(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req.key)
+        self._drop_if_done(req.request_id)
+
+    def _drop_if_done(self, request_id: str) -> None:
+        if all(s.status.finished for s in self.requests.get(request_id, [])):
+            self.requests.pop(request_id, None)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=self.kv.usage,
+            num_blocks_total=self.kv.num_blocks,
+            num_blocks_free=self.kv.num_available,
+            num_preemptions_total=self.num_preemptions,
+            prefix_cache_queries=self.kv.prefix_queries,
+            prefix_cache_hits=self.kv.prefix_hits,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+        )
+
+
+def _shares_uncached_block(req: Request, m: int, bs: int, prefilling: list[Request]) -> bool:
+    """Whether a request now prefilling will compute ``req``'s next uncached full prompt block."""
+    end = (m + 1) * bs
+    if end > req.num_prompt_tokens - 1:
+        return False
+    head = req.all_token_ids[:end]
+    for other in prefilling:
+        if (
+            other.cache_salt == req.cache_salt
+            and other.num_prompt_tokens > end
+            and other.num_computed_tokens < end
+            and other.all_token_ids[:end] == head
+        ):
+            return True
+    return False
