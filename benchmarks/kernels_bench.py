@@ -1,0 +1,91 @@
+"""Microbenchmark of the Triton attention kernels at Llama-3.1-8B shapes (one layer).
+
+Decode is bandwidth bound: each step reads every cached K/V row of the batch once, so the figure
+of merit is KV bytes read / time, against the device's copy bandwidth (H200: ~4.28 TB/s).
+Prefill is compute bound: reported as causal attention TFLOP/s.
+
+    PYTHONPATH=src python benchmarks/kernels_bench.py [--ctx 1000 2000] [--splits 1 2 4 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton.testing
+
+from fulcrum.kernels.decode_attention import (
+    DecodeWorkspace,
+    decode_attention,
+    default_num_splits,
+)
+from fulcrum.kernels.prefill_attention import prefill_attention
+
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+
+
+def _paged(batch: int, ctx: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache holding ``batch`` contexts of ``ctx`` tokens in shuffled blocks, and its table."""
+    per_req = (ctx + PAGE - 1) // PAGE
+    num_blocks = batch * per_req
+    cache = torch.randn(2, num_blocks, PAGE, HKV, D, device="cuda", dtype=dtype)
+    table = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(batch, per_req)
+    return cache, table
+
+
+def bench_decode(batch: int, ctx: int, splits: list[int | None], dtype: torch.dtype) -> None:
+    cache, table = _paged(batch, ctx, dtype)
+    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, HQ, D, device="cuda", dtype=dtype)
+    out = torch.empty_like(q)
+    kv_bytes = batch * ctx * 2 * HKV * D * cache.element_size()
+    ws = DecodeWorkspace()
+    for s in splits:
+        n = s if s is not None else default_num_splits(batch, HKV, q.device)
+        ms = triton.testing.do_bench(
+            lambda n=n: decode_attention(
+                q, cache, table, seq_lens, D**-0.5, out=out, num_splits=n, workspace=ws
+            ),
+            warmup=50,
+            rep=300,
+        )
+        tag = f"{n}{'*' if s is None else ''}"
+        print(
+            f"decode  B={batch:<3d} ctx={ctx:<5d} splits={tag:<4s} {ms * 1e3:8.1f} us  "
+            f"{kv_bytes / ms / 1e6:7.0f} GB/s  (KV {kv_bytes / 1e6:.0f} MB)"
+        )
+
+
+def bench_prefill(num_tokens: int, dtype: torch.dtype) -> None:
+    cache, table = _paged(1, num_tokens, dtype)
+    q = torch.randn(num_tokens, HQ, D, device="cuda", dtype=dtype)
+    qsl = torch.tensor([0, num_tokens], dtype=torch.int32, device="cuda")
+    seq_lens = torch.tensor([num_tokens], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    ms = triton.testing.do_bench(
+        lambda: prefill_attention(q, cache, table, seq_lens, qsl, num_tokens, D**-0.5, out=out),
+        warmup=20,
+        rep=200,
+    )
+    flops = 4 * HQ * D * num_tokens * num_tokens / 2  # QK^T and PV, causal half
+    print(f"prefill T={num_tokens:<5d} {ms * 1e3:8.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--ctx", type=int, nargs="+", default=[1000, 2000])
+    p.add_argument("--splits", type=int, nargs="*", default=[], help="also time these counts")
+    p.add_argument("--prefill", type=int, nargs="*", default=[2048], help="prompt lengths")
+    p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    args = p.parse_args()
+    dtype = getattr(torch, args.dtype)
+    print(f"device: {torch.cuda.get_device_name()}  dtype: {args.dtype}  (* = default splits)")
+    for ctx in args.ctx:
+        bench_decode(args.batch, ctx, [None, *args.splits], dtype)
+    for t in args.prefill:
+        bench_prefill(t, dtype)
+
+
+if __name__ == "__main__":
+    main()

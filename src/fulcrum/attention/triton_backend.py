@@ -1,0 +1,77 @@
+"""Paged attention through Triton kernels (CUDA; CPU only through ``TRITON_INTERPRET=1``).
+
+A step runs up to four launches (decode is two: split, then reduce)::
+
+    reshape_and_cache(k, v)            new K/V rows -> paged cache at slot_mapping
+    requests with query_len == 1:      decode_attention   split-KV over each context, then reduce
+    requests with query_len > 1:       prefill_attention  causal, cached prefix + new chunk
+
+Each kernel skips the requests that are not its kind on the device (by ``query_start_loc``), so
+no launch needs a host-side split of the batch. A pure-decode step (``max_query_len == 1``) runs
+only the first two, reads only device tensors and the batch shape (``num_reqs``, head counts) --
+never sequence lengths on the host -- and reuses one split-KV scratch per device, so it can be
+captured in a CUDA graph (run one eager step at the largest batch first).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fulcrum.attention.backend import AttentionBackend, AttentionMetadata, register_backend
+from fulcrum.kernels.decode_attention import DecodeWorkspace, decode_attention
+from fulcrum.kernels.prefill_attention import prefill_attention
+from fulcrum.kernels.reshape_and_cache import reshape_and_cache
+
+# One scratch per device, shared by every layer: layers run one after another on one stream.
+_WORKSPACES: dict[torch.device, DecodeWorkspace] = {}
+
+
+def _workspace(device: torch.device) -> DecodeWorkspace:
+    ws = _WORKSPACES.get(device)
+    if ws is None:
+        ws = _WORKSPACES[device] = DecodeWorkspace()
+    return ws
+
+
+@register_backend("triton")
+class TritonAttentionBackend(AttentionBackend):
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        n = meta.num_reqs
+        seq_lens = meta.seq_lens[:n]
+        block_tables = meta.block_tables[:n]
+        query_start_loc = meta.query_start_loc[: n + 1]
+        qsl = meta.query_start_loc_cpu
+        has_decode = meta.is_pure_decode or any(qsl[i + 1] - qsl[i] == 1 for i in range(n))
+        if has_decode:
+            decode_attention(
+                q,
+                kv_cache,
+                block_tables,
+                seq_lens,
+                self.scale,
+                query_start_loc=query_start_loc,
+                out=out,
+                workspace=_workspace(q.device),
+            )
+        if not meta.is_pure_decode:
+            prefill_attention(
+                q,
+                kv_cache,
+                block_tables,
+                seq_lens,
+                query_start_loc,
+                meta.max_query_len,
+                self.scale,
+                out=out,
+                skip_decode=has_decode,
+            )
+        return out

@@ -1,0 +1,319 @@
+"""Paged decode attention (one new query token per request), split-KV ("flash decoding").
+
+Stage 1 runs one program per (request, kv head, split). The program owns all ``GROUP`` query
+heads that share its kv head (GQA), padded to a 16-row tile so ``tl.dot`` applies, and walks its
+slice of the context ``BLOCK_N`` tokens at a time, loading each K/V row once::
+
+    context of request b (seq_len tokens), NUM_SPLITS = 4:
+    |<-- split 0 -->|<-- split 1 -->|<-- split 2 -->|<- split 3 ->|   split_len = round_up(
+    [n0 .. n0+BLOCK_N) tiles; token n -> block_tables[b, n // page] at n % page    cdiv(seq_len,
+                                                                                  S), BLOCK_N)
+    q tile [BLOCK_G >= 16, D]: rows g < GROUP are heads kvh*GROUP + g, the rest are zero padding
+
+Each program writes its normalized partial output and its log-sum-exp (base 2) to scratch;
+a split past the end of a short context writes lse = -inf. Stage 2 (one program per (request,
+query head)) combines the splits: ``out = sum_s 2^(lse_s - M) * o_s / sum_s 2^(lse_s - M)``.
+
+Rows are found through ``query_start_loc``: request ``b`` owns query row ``query_start_loc[b]``
+and is skipped unless its query length is exactly 1, so this kernel can serve the decode rows of
+a mixed batch. The grid depends only on ``num_reqs`` and the split count, and nothing here syncs
+with the host, so the whole call can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_SPLITS = 32
+# Launch parameters on CUDA (tuned on an H200 with benchmarks/kernels_bench.py) and in the
+# interpreter, where small tiles keep tests quick.
+GPU_CONFIG: dict[str, int] = {"block_n": 64, "num_warps": 4, "num_stages": 2}
+INTERPRET_CONFIG: dict[str, int] = {"block_n": 16, "num_warps": 4, "num_stages": 1}
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    qsl_ptr,
+    part_out_ptr,  # [R, Hq, S, D] fp32
+    part_lse_ptr,  # [R, Hq, S] fp32
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    stride_bt,
+    stride_por,
+    stride_poh,
+    stride_pos,
+    stride_plr,
+    stride_plh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    q_row = tl.load(qsl_ptr + b)
+    if tl.load(qsl_ptr + b + 1) - q_row != 1:
+        return
+    seq_len = tl.load(seq_lens_ptr + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g = offs_g < GROUP
+    mask_d = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_g
+    q_off = q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + q_off, mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    q = q.to(k_cache_ptr.dtype.element_ty)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        blk = tl.load(bt_row + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        row = blk * stride_cb + (offs_n % PAGE_SIZE) * stride_co + kvh * stride_ch
+        kv_off = row[:, None] + offs_d[None, :]
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    nonempty = l_i > 0.0
+    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+    base_o = b.to(tl.int64) * stride_por + heads * stride_poh + split * stride_pos
+    o_mask = mask_g[:, None] & mask_d[None, :]
+    tl.store(part_out_ptr + base_o[:, None] + offs_d[None, :], out, mask=o_mask)
+    base_l = b.to(tl.int64) * stride_plr + heads * stride_plh + split
+    tl.store(part_lse_ptr + base_l, lse, mask=mask_g)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    qsl_ptr,
+    stride_ot,
+    stride_oh,
+    stride_por,
+    stride_poh,
+    stride_pos,
+    stride_plr,
+    stride_plh,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    q_row = tl.load(qsl_ptr + b)
+    if tl.load(qsl_ptr + b + 1) - q_row != 1:
+        return
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < NUM_SPLITS
+    mask_d = offs_d < HEAD_DIM
+    lse_off = b.to(tl.int64) * stride_plr + h * stride_plh + offs_s
+    lse = tl.load(part_lse_ptr + lse_off, mask=mask_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # empty context: every weight is 0
+    w = tl.exp2(lse - m)
+    o_off = b.to(tl.int64) * stride_por + h * stride_poh
+    o_off = o_off + offs_s[:, None] * stride_pos + offs_d[None, :]
+    o = tl.load(part_out_ptr + o_off, mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    den = tl.sum(w, 0)
+    res = tl.sum(w[:, None] * o, 0) / tl.where(den > 0.0, den, 1.0)
+    dst = out_ptr + q_row.to(tl.int64) * stride_ot + h * stride_oh + offs_d
+    tl.store(dst, res.to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+class DecodeWorkspace:
+    """Reusable fp32 scratch for the split-KV partials.
+
+    It grows and never shrinks. A buffer it outgrows is kept alive, because a captured CUDA graph
+    may still point at it; run one eager step at the largest batch before capturing graphs so
+    capture itself never allocates.
+    """
+
+    def __init__(self) -> None:
+        self._buf: torch.Tensor | None = None
+        self._retired: list[torch.Tensor] = []
+
+    def get(
+        self, num_reqs: int, num_heads: int, num_splits: int, head_dim: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n_out = num_reqs * num_heads * num_splits * head_dim
+        n_lse = num_reqs * num_heads * num_splits
+        need = n_out + n_lse
+        buf = self._buf
+        if buf is None or buf.numel() < need or buf.device != torch.device(device):
+            if buf is not None:
+                self._retired.append(buf)
+            buf = torch.empty(need, dtype=torch.float32, device=device)
+            self._buf = buf
+        part_out = buf[:n_out].view(num_reqs, num_heads, num_splits, head_dim)
+        part_lse = buf[n_out:need].view(num_reqs, num_heads, num_splits)
+        return part_out, part_lse
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def default_num_splits(num_reqs: int, num_kv_heads: int, device: torch.device) -> int:
+    """Splits per (request, kv head): enough programs to cover the GPU a few times over.
+
+    Depends only on the batch shape (never on sequence lengths), so a CUDA graph captured at one
+    batch size stays valid for any context lengths.
+    """
+    if device.type != "cuda":
+        return 2
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    want = math.ceil(4 * sms / max(1, num_reqs * num_kv_heads))
+    return max(1, min(MAX_SPLITS, triton.next_power_of_2(want)))
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def decode_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, page_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_reqs, max_blocks_per_req] int32
+    seq_lens: torch.Tensor,  # [num_reqs] int32
+    scale: float,
+    query_start_loc: torch.Tensor | None = None,  # [num_reqs + 1] int32; None: row b = request b
+    out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]
+    num_splits: int | None = None,
+    workspace: DecodeWorkspace | None = None,
+) -> torch.Tensor:
+    """Attention of each single-token request's query over its whole paged context.
+
+    Only rows of requests whose query length is 1 are written; other rows of ``out`` are left
+    as they were (so a mixed batch can run this and the prefill kernel into one ``out``).
+    """
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    _, _, page_size, num_kv_heads, _ = kv_cache.shape
+    num_reqs = seq_lens.shape[0]
+    assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1
+    if out is None:
+        out = torch.empty_like(q)
+    if num_reqs == 0:
+        return out
+    if query_start_loc is None:
+        query_start_loc = torch.arange(num_reqs + 1, dtype=torch.int32, device=q.device)
+    if num_splits is None:
+        num_splits = default_num_splits(num_reqs, num_kv_heads, q.device)
+    workspace = workspace or DecodeWorkspace()
+    part_out, part_lse = workspace.get(num_reqs, num_heads, num_splits, head_dim, q.device)
+    group = num_heads // num_kv_heads
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    cfg = GPU_CONFIG if q.is_cuda else INTERPRET_CONFIG
+    _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        part_out,
+        part_lse,
+        scale * math.log2(math.e),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        part_out.stride(0),
+        part_out.stride(1),
+        part_out.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        NUM_SPLITS=num_splits,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_N=cfg["block_n"],
+        PRECISION=_precision(kv_cache.dtype),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    _decode_reduce_kernel[(num_reqs, num_heads)](
+        out,
+        part_out,
+        part_lse,
+        query_start_loc,
+        out.stride(0),
+        out.stride(1),
+        part_out.stride(0),
+        part_out.stride(1),
+        part_out.stride(2),
+        part_lse.stride(0),
+        part_lse.stride(1),
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits,
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        num_warps=4 if head_dim >= 128 else 2,
+    )
+    return out
+
+
+def decode_attention_ref(
+    q: torch.Tensor,  # [num_reqs, num_heads, head_dim]
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Plain torch version of :func:`decode_attention` (row b = request b), computed in fp32."""
+    page = kv_cache.shape[2]
+    num_heads, num_kv_heads = q.shape[1], kv_cache.shape[3]
+    out = torch.empty_like(q)
+    for b, n in enumerate(seq_lens.tolist()):
+        blocks = block_tables[b, : (n + page - 1) // page].long()
+        k = kv_cache[0][blocks].flatten(0, 1)[:n].float()  # [n, Hkv, D]
+        v = kv_cache[1][blocks].flatten(0, 1)[:n].float()
+        k = k.repeat_interleave(num_heads // num_kv_heads, dim=1)
+        v = v.repeat_interleave(num_heads // num_kv_heads, dim=1)
+        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale
+        out[b] = torch.einsum("hn,nhd->hd", s.softmax(-1), v).to(q.dtype)
+    return out

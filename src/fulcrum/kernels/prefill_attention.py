@@ -1,0 +1,209 @@
+"""Paged prefill / extend attention over a flattened varlen batch.
+
+Request ``b`` owns query rows ``query_start_loc[b]:query_start_loc[b+1]`` (its new chunk) and a
+context of ``seq_lens[b]`` tokens, all already in the paged cache (the new K/V were written by
+``reshape_and_cache`` first). New token ``i`` sits at position ``prefix + i`` and sees keys
+``0..prefix + i``.
+
+One program per (request, kv head, query block). A program packs ``BLOCK_Q`` query tokens times
+the ``GROUP`` query heads of its kv head into the ``BLOCK_M`` rows of one tile, so each K/V tile
+it loads serves every head of the group::
+
+    row r of the tile  ->  token  q0 + r // GROUP   (q0 = query block * BLOCK_Q)
+                           head   kvh * GROUP + r % GROUP
+    rows r >= BLOCK_Q * GROUP, or whose token is past the chunk, are padding (masked)
+
+    keys:  [ 0 ................. prefix + q0 | .. prefix + q0 + BLOCK_Q )   (hi, exclusive)
+             all rows see these               causal mask: key n <= prefix + token
+
+Query blocks past a request's chunk exit at once, so the grid is
+``(num_reqs, num_kv_heads, cdiv(max_query_len, BLOCK_Q))``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# Launch parameters on CUDA (tuned on an H200 with benchmarks/kernels_bench.py) and in the
+# interpreter. BLOCK_M rows hold BLOCK_M // GROUP query tokens times GROUP heads.
+GPU_CONFIG: dict[str, int] = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}
+INTERPRET_CONFIG: dict[str, int] = {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    qsl_ptr,
+    scale_log2,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    stride_bt,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SKIP_DECODE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    # Last query blocks see the most keys: launch them first to shorten the tail.
+    q0 = (tl.num_programs(2) - 1 - tl.program_id(2)) * BLOCK_Q
+    q_start = tl.load(qsl_ptr + b)
+    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    if q0 >= q_len:
+        return
+    if SKIP_DECODE:
+        if q_len == 1:
+            return
+    seq_len = tl.load(seq_lens_ptr + b)
+    prefix = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    tok = q0 + offs_m // GROUP
+    heads = kvh * GROUP + offs_m % GROUP
+    mask_m = (offs_m < BLOCK_Q * GROUP) & (tok < q_len)
+    mask_d = offs_d < HEAD_DIM
+    q_rows = (q_start + tok).to(tl.int64)
+    q_off = q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + q_off, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    q = q.to(k_cache_ptr.dtype.element_ty)
+    pos = prefix + tok  # position of each row's token in its sequence
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    hi = tl.minimum(seq_len, prefix + q0 + BLOCK_Q)
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    for n0 in range(0, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        blk = tl.load(bt_row + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        row = blk * stride_cb + (offs_n % PAGE_SIZE) * stride_co + kvh * stride_ch
+        kv_off = row[:, None] + offs_d[None, :]
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        # Key 0 is visible to every row, so no row's running max stays -inf after tile 0.
+        visible = mask_n[None, :] & (offs_n[None, :] <= pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    out = acc / l_i[:, None]
+    o_off = q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(
+        out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :]
+    )
+
+
+def prefill_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, page_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_reqs, max_blocks_per_req] int32
+    seq_lens: torch.Tensor,  # [num_reqs] int32, context length incl. the new chunk
+    query_start_loc: torch.Tensor,  # [num_reqs + 1] int32
+    max_query_len: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+    skip_decode: bool = False,
+) -> torch.Tensor:
+    """Causal attention of each request's new chunk over its cached prefix plus the chunk.
+
+    With ``skip_decode`` the rows of single-token requests are left untouched (for a caller that
+    sends them to :func:`~fulcrum.kernels.decode_attention.decode_attention`).
+    """
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    _, _, page_size, num_kv_heads, _ = kv_cache.shape
+    num_reqs = seq_lens.shape[0]
+    assert num_heads % num_kv_heads == 0 and q.stride(-1) == 1
+    if out is None:
+        out = torch.empty_like(q)
+    if num_reqs == 0 or max_query_len == 0:
+        return out
+    group = num_heads // num_kv_heads
+    cfg = GPU_CONFIG if q.is_cuda else INTERPRET_CONFIG
+    block_m = max(cfg["block_m"], triton.next_power_of_2(group))
+    block_q = block_m // group
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    grid = (num_reqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
+    _prefill_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale * math.log2(math.e),
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_N=cfg["block_n"],
+        SKIP_DECODE=skip_decode,
+        PRECISION="ieee" if kv_cache.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return out
+
+
+def prefill_attention_ref(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Plain torch version of :func:`prefill_attention`, computed in fp32."""
+    page = kv_cache.shape[2]
+    group = q.shape[1] // kv_cache.shape[3]
+    out = torch.empty_like(q)
+    qsl = query_start_loc.tolist()
+    for b, n in enumerate(seq_lens.tolist()):
+        start, end = qsl[b], qsl[b + 1]
+        if end == start:
+            continue
+        blocks = block_tables[b, : (n + page - 1) // page].long()
+        k = kv_cache[0][blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)
+        v = kv_cache[1][blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)
+        s = torch.einsum("thd,nhd->htn", q[start:end].float(), k) * scale
+        pos = torch.arange(n - (end - start), n, device=q.device)
+        s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > pos[:, None], float("-inf"))
+        out[start:end] = torch.einsum("htn,nhd->thd", s.softmax(-1), v).to(q.dtype)
+    return out

@@ -1,0 +1,102 @@
+"""Scatter new K/V rows into the paged KV cache.
+
+One program per new token ``t``; ``slot_mapping[t] = block * block_size + offset`` names where its
+row goes (``-1``: a padding token, skipped)::
+
+    k[t] : [num_kv_heads, head_dim]  ──►  kv_cache[0, block, offset] : [num_kv_heads, head_dim]
+    v[t] : [num_kv_heads, head_dim]  ──►  kv_cache[1, block, offset] : [num_kv_heads, head_dim]
+
+``k`` and ``v`` may be strided views (slices of a fused qkv projection) as long as ``head_dim`` is
+contiguous; the cache must be contiguous in its last two dims.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _reshape_and_cache_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,  # cache: block
+    stride_co,  # cache: offset in block
+    stride_ch,  # cache: kv head
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot < 0:
+        return
+    block = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM)
+    src_k = t.to(tl.int64) * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
+    src_v = t.to(tl.int64) * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
+    dst = block * stride_cb + off * stride_co + offs_h[:, None] * stride_ch + offs_d[None, :]
+    k = tl.load(k_ptr + src_k, mask=mask)
+    v = tl.load(v_ptr + src_v, mask=mask)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def reshape_and_cache(
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64 (or int32); -1 = skip
+) -> None:
+    """Write ``k``/``v`` into ``kv_cache`` at ``slot_mapping`` (in place; slots < 0 skipped)."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    assert v.shape == k.shape and slot_mapping.shape[0] >= num_tokens
+    assert k.stride(-1) == 1 and v.stride(-1) == 1, "head_dim must be contiguous"
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    assert k_cache.stride(-1) == 1, "cache head_dim must be contiguous"
+    _reshape_and_cache_kernel[(num_tokens,)](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+    )
+
+
+def reshape_and_cache_ref(
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Plain torch version of :func:`reshape_and_cache`."""
+    nb, bs = kv_cache.shape[1], kv_cache.shape[2]
+    flat = kv_cache.view(2, nb * bs, kv_cache.shape[3], kv_cache.shape[4])
+    keep = slot_mapping[: k.shape[0]] >= 0
+    slots = slot_mapping[: k.shape[0]][keep].long()
+    flat[0].index_copy_(0, slots, k[keep].to(flat.dtype))
+    flat[1].index_copy_(0, slots, v[keep].to(flat.dtype))

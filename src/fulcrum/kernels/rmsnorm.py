@@ -1,0 +1,116 @@
+"""RMSNorm, plain and fused with the residual add (one program per row).
+
+Numerics follow Hugging Face's ``LlamaRMSNorm``: statistics in fp32, the normalized row rounded to
+the input dtype, then multiplied by ``weight``::
+
+    out = weight * (h.float() * rsqrt(mean(h.float() ** 2) + eps)).to(h.dtype)
+
+``fused_add_rms_norm`` first forms ``h = x + residual`` (rounded to the input dtype, as the
+model's own ``residual + hidden_states`` would be) and returns it as the new residual.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    new_res_ptr,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_nr,
+    eps,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(new_res_ptr + row * stride_nr + offs, x, mask=mask)
+    h = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(h * h, 0) / N + eps)
+    normed = (h * rstd).to(x.dtype).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + offs, (normed * w).to(x.dtype), mask=mask)
+
+
+def _launch(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    res2 = new_res = None
+    if residual is not None:
+        res2 = residual.reshape(-1, n).to(x.dtype)
+        if res2.stride(-1) != 1:
+            res2 = res2.contiguous()
+        new_res = torch.empty_like(out)
+    rows = x2.shape[0]
+    if rows > 0:
+        block = triton.next_power_of_2(n)
+        _rms_norm_kernel[(rows,)](
+            x2,
+            res2 if res2 is not None else x2,
+            weight,
+            out,
+            new_res if new_res is not None else out,
+            x2.stride(0),
+            res2.stride(0) if res2 is not None else 0,
+            out.stride(0),
+            new_res.stride(0) if new_res is not None else 0,
+            eps,
+            N=n,
+            BLOCK=block,
+            HAS_RESIDUAL=residual is not None,
+            num_warps=min(16, max(1, block // 512)),
+        )
+    out = out.view(x.shape)
+    return out, (new_res.view(x.shape) if new_res is not None else None)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x`` (any leading shape); output in ``x.dtype``."""
+    assert weight.is_contiguous() and weight.shape == (x.shape[-1],)
+    return _launch(x, None, weight, eps)[0]
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``new_residual = x + residual``; returns ``(rms_norm(new_residual) * weight, new_residual)``."""
+    assert weight.is_contiguous() and weight.shape == (x.shape[-1],)
+    assert residual.shape == x.shape
+    out, new_res = _launch(x, residual, weight, eps)
+    assert new_res is not None
+    return out, new_res
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Plain torch version of :func:`rms_norm` (Hugging Face ``LlamaRMSNorm``)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * h.to(x.dtype).float()).to(x.dtype)
+
+
+def fused_add_rms_norm_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain torch version of :func:`fused_add_rms_norm`."""
+    new_res = (x.float() + residual.float()).to(x.dtype)
+    return rms_norm_ref(new_res, weight, eps), new_res

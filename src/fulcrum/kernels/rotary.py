@@ -1,0 +1,125 @@
+"""Rotary position embedding, neox / Hugging Face ``rotate_half`` style, applied in place.
+
+``cos_sin_cache[pos]`` holds ``[cos_0 .. cos_{R/2-1} | sin_0 .. sin_{R/2-1}]`` for a rotary dim
+``R`` (normally ``R == head_dim``; a smaller ``R`` rotates only the first ``R`` dims). Each head
+row splits into halves ``x1 = x[:R/2]``, ``x2 = x[R/2:R]``::
+
+    out[:R/2]  = x1 * cos - x2 * sin
+    out[R/2:R] = x2 * cos + x1 * sin        (= x * cos + rotate_half(x) * sin)
+
+One program per token rotates all its query and key heads; math in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rotate_rows(
+    x_ptr,
+    row_off,
+    stride_h,
+    cos,
+    sin,
+    NUM_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_r = tl.arange(0, BLOCK_HALF)
+    mask = (offs_h[:, None] < NUM_HEADS) & (offs_r[None, :] < HALF)
+    p1 = x_ptr + row_off + offs_h[:, None] * stride_h + offs_r[None, :]
+    x1 = tl.load(p1, mask=mask, other=0.0)
+    x2 = tl.load(p1 + HALF, mask=mask, other=0.0)
+    a = x1.to(tl.float32)
+    b = x2.to(tl.float32)
+    tl.store(p1, (a * cos - b * sin).to(x1.dtype), mask=mask)
+    tl.store(p1 + HALF, (b * cos + a * sin).to(x1.dtype), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr,
+    k_ptr,
+    pos_ptr,
+    cache_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_c,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_K_HEADS: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_HALF)
+    mask_r = offs_r < HALF
+    cos = tl.load(cache_ptr + pos * stride_c + offs_r, mask=mask_r, other=0.0)[None, :]
+    sin = tl.load(cache_ptr + pos * stride_c + HALF + offs_r, mask=mask_r, other=0.0)[None, :]
+    _rotate_rows(q_ptr, t * stride_qt, stride_qh, cos, sin, NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
+    _rotate_rows(k_ptr, t * stride_kt, stride_kh, cos, sin, NUM_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
+
+
+def apply_rotary(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    positions: torch.Tensor,  # [num_tokens] int64
+    cos_sin_cache: torch.Tensor,  # [max_position, rotary_dim] float32: [cos | sin]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``q`` and ``k`` in place by their tokens' positions; returns ``(q, k)``.
+
+    ``q``/``k`` may be strided views (slices of a fused qkv output) with ``head_dim`` contiguous.
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_k_heads = k.shape[1]
+    rot = cos_sin_cache.shape[1]
+    assert rot % 2 == 0 and rot <= head_dim and k.shape[0] == num_tokens
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
+    if num_tokens == 0:
+        return q, k
+    _rotary_kernel[(num_tokens,)](
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        cos_sin_cache.stride(0),
+        NUM_Q_HEADS=num_q_heads,
+        NUM_K_HEADS=num_k_heads,
+        HALF=rot // 2,
+        BLOCK_HQ=triton.next_power_of_2(num_q_heads),
+        BLOCK_HK=triton.next_power_of_2(num_k_heads),
+        BLOCK_HALF=triton.next_power_of_2(rot // 2),
+        num_warps=4,
+    )
+    return q, k
+
+
+def apply_rotary_ref(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain torch version of :func:`apply_rotary` (out of place, fp32 math)."""
+    rot = cos_sin_cache.shape[1]
+    cos, sin = cos_sin_cache[positions.long()].float().chunk(2, dim=-1)  # [T, R/2] each
+    cos = torch.cat([cos, cos], -1)[:, None, :]
+    sin = torch.cat([sin, sin], -1)[:, None, :]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        xr = x[..., :rot].float()
+        x1, x2 = xr.chunk(2, dim=-1)
+        out = xr * cos + torch.cat([-x2, x1], -1) * sin
+        return torch.cat([out.to(x.dtype), x[..., rot:]], -1)
+
+    return rotate(q), rotate(k)

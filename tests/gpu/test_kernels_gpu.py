@@ -1,0 +1,183 @@
+"""Triton kernels against their torch references at Llama-3.1-8B shapes, on CUDA.
+
+32 query heads, 8 kv heads, head_dim 128, page 16, contexts up to 4k, batch 64; bf16 and fp32.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
+from paged_batch import make_paged_batch  # noqa: E402
+
+from fulcrum.attention.torch_ref import TorchAttentionBackend  # noqa: E402
+from fulcrum.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from fulcrum.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
+from fulcrum.kernels.decode_attention import decode_attention, decode_attention_ref  # noqa: E402
+from fulcrum.kernels.prefill_attention import (  # noqa: E402
+    prefill_attention,
+    prefill_attention_ref,
+)
+from fulcrum.kernels.reshape_and_cache import (  # noqa: E402
+    reshape_and_cache,
+    reshape_and_cache_ref,
+)
+from fulcrum.kernels.rmsnorm import (  # noqa: E402
+    fused_add_rms_norm,
+    fused_add_rms_norm_ref,
+    rms_norm,
+    rms_norm_ref,
+)
+from fulcrum.kernels.rotary import apply_rotary, apply_rotary_ref  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+DTYPES = [torch.bfloat16, torch.float32]
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    return {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-4, "rtol": 1e-4}
+
+
+def _gen(seed: int) -> torch.Generator:
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_llama8b(dtype: torch.dtype) -> None:
+    g = _gen(0)
+    seq_lens = torch.randint(1, 4097, (64,), generator=g).tolist()
+    seq_lens[:3] = [1, 4096, 16]
+    cache, meta = make_paged_batch(
+        seq_lens, [1] * 64, HKV, D, PAGE, dtype=dtype, device="cuda", generator=g
+    )
+    q = torch.randn(64, HQ, D, device="cuda", dtype=dtype)
+    out = decode_attention(q, cache, meta.block_tables, meta.seq_lens, D**-0.5)
+    ref = decode_attention_ref(q, cache, meta.block_tables, meta.seq_lens, D**-0.5)
+    torch.testing.assert_close(out, ref, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_llama8b(dtype: torch.dtype) -> None:
+    g = _gen(1)
+    seq_lens = [2048, 4096, 700, 3000, 33, 1, 1500]
+    query_lens = [2048, 1000, 1, 512, 33, 1, 7]
+    cache, meta = make_paged_batch(
+        seq_lens, query_lens, HKV, D, PAGE, dtype=dtype, device="cuda", generator=g
+    )
+    q = torch.randn(meta.num_tokens, HQ, D, device="cuda", dtype=dtype)
+    args = (q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+    out = prefill_attention(*args, meta.max_query_len, D**-0.5)
+    ref = prefill_attention_ref(*args, D**-0.5)
+    torch.testing.assert_close(out, ref, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backend_mixed_batch_llama8b(dtype: torch.dtype) -> None:
+    g = _gen(2)
+    seq_lens = [3000, 1, 257, 4096, 900, 64] + [1000] * 10
+    query_lens = [256, 1, 257, 1, 100, 1] + [1] * 10
+    cache, meta = make_paged_batch(
+        seq_lens,
+        query_lens,
+        HKV,
+        D,
+        PAGE,
+        dtype=dtype,
+        device="cuda",
+        num_pad_tokens=5,
+        generator=g,
+    )
+    t = meta.num_tokens
+    q, k, v = (torch.randn(t, h, D, device="cuda", dtype=dtype) for h in (HQ, HKV, HKV))
+    ref_cache = cache.clone()
+    out = TritonAttentionBackend(HQ, HKV, D, D**-0.5).forward(q, k, v, cache, meta)
+    ref = TorchAttentionBackend(HQ, HKV, D, D**-0.5).forward(q, k, v, ref_cache, meta)
+    assert torch.equal(cache, ref_cache)
+    torch.testing.assert_close(out[: t - 5], ref[: t - 5], **_tol(dtype))
+
+
+def test_backend_decode_cuda_graph_replay() -> None:
+    """Capture one pure-decode step, change lengths and tables in place, replay, compare."""
+    g = _gen(3)
+    b, dtype = 64, torch.bfloat16
+    cache, meta = make_paged_batch(
+        [4096] * b, [1] * b, HKV, D, PAGE, dtype=dtype, device="cuda", generator=g
+    )
+    backend = TritonAttentionBackend(HQ, HKV, D, D**-0.5)
+    q, k, v = (torch.randn(b, h, D, device="cuda", dtype=dtype) for h in (HQ, HKV, HKV))
+    backend.forward(q, k, v, cache, meta)  # eager warm-up: compiles and sizes the scratch
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.forward(q, k, v, cache, meta)
+    new_lens = torch.randint(1, 4097, (b,), generator=g, dtype=torch.int32)
+    meta.seq_lens.copy_(new_lens)
+    meta.block_tables.copy_(meta.block_tables[torch.randperm(b, generator=g)])
+    slots = [
+        int(meta.block_tables[i, (n - 1) // PAGE]) * PAGE + (n - 1) % PAGE
+        for i, n in enumerate(new_lens.tolist())
+    ]
+    meta.slot_mapping.copy_(torch.tensor(slots))
+    for x in (q, k, v):
+        x.normal_()
+    graph.replay()
+    ref = decode_attention_ref(q, cache, meta.block_tables, meta.seq_lens, D**-0.5)
+    torch.testing.assert_close(out, ref, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reshape_and_cache_llama8b(dtype: torch.dtype) -> None:
+    g = _gen(4)
+    cache, meta = make_paged_batch(
+        [4000, 17, 2048],
+        [4000, 1, 1024],
+        HKV,
+        D,
+        PAGE,
+        dtype=dtype,
+        device="cuda",
+        num_pad_tokens=8,
+        generator=g,
+    )
+    k, v = (torch.randn(meta.num_tokens, HKV, D, device="cuda", dtype=dtype) for _ in "kv")
+    ref = cache.clone()
+    reshape_and_cache(k, v, cache, meta.slot_mapping)
+    reshape_and_cache_ref(k, v, ref, meta.slot_mapping)
+    assert torch.equal(cache, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pointwise_kernels_llama8b(dtype: torch.dtype) -> None:
+    _gen(5)
+    t, hidden, inter = 300, 4096, 14336
+    x = torch.randn(t, hidden, device="cuda", dtype=dtype)
+    res = torch.randn(t, hidden, device="cuda", dtype=dtype)
+    w = torch.randn(hidden, device="cuda", dtype=dtype)
+    torch.testing.assert_close(rms_norm(x, w, 1e-5), rms_norm_ref(x, w, 1e-5), **_tol(dtype))
+    out, new_res = fused_add_rms_norm(x, res, w, 1e-5)
+    ref_out, ref_res = fused_add_rms_norm_ref(x, res, w, 1e-5)
+    assert torch.equal(new_res, ref_res)
+    torch.testing.assert_close(out, ref_out, **_tol(dtype))
+
+    gu = torch.randn(t, 2 * inter, device="cuda", dtype=dtype)
+    torch.testing.assert_close(silu_and_mul(gu), silu_and_mul_ref(gu), **_tol(dtype))
+
+    qkv = torch.randn(t, HQ + 2 * HKV, D, device="cuda", dtype=dtype)
+    q, k = qkv[:, :HQ], qkv[:, HQ : HQ + HKV]
+    pos = torch.randint(0, 8192, (t,), device="cuda")
+    inv_freq = 1.0 / 500000.0 ** (torch.arange(0, D, 2, device="cuda").float() / D)
+    freqs = torch.outer(torch.arange(8192, device="cuda").float(), inv_freq)
+    cache = torch.cat([freqs.cos(), freqs.sin()], -1)
+    ref_q, ref_k = apply_rotary_ref(q.clone(), k.clone(), pos, cache)
+    out_q, out_k = apply_rotary(q, k, pos, cache)
+    torch.testing.assert_close(out_q, ref_q, **_tol(dtype))
+    torch.testing.assert_close(out_k, ref_k, **_tol(dtype))

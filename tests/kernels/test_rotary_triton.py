@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fulcrum.kernels.rotary import apply_rotary, apply_rotary_ref
+
+
+def _cos_sin_cache(max_pos: int, rot: int, base: float = 10000.0) -> torch.Tensor:
+    inv_freq = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot)
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def _hf_rotary(x: torch.Tensor, pos: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """transformers' Llama rotary: emb = cat(freqs, freqs); x*cos + rotate_half(x)*sin."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    freqs = pos.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], -1)[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin()
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 4, 64), (6, 2, 128)])
+def test_rotary_matches_ref_and_hf(num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    g = torch.Generator().manual_seed(num_heads)
+    t = 7
+    # q and k as strided views of one fused qkv output, rotated in place.
+    qkv = torch.randn(t, num_heads + 2 * num_kv_heads, head_dim, generator=g)
+    q, k = qkv[:, :num_heads], qkv[:, num_heads : num_heads + num_kv_heads]
+    v_before = qkv[:, num_heads + num_kv_heads :].clone()
+    pos = torch.randint(0, 500, (t,), generator=g)
+    cache = _cos_sin_cache(512, head_dim)
+    ref_q, ref_k = apply_rotary_ref(q.clone(), k.clone(), pos, cache)
+    hf_q = _hf_rotary(q.clone(), pos)
+    out_q, out_k = apply_rotary(q, k, pos, cache)
+    torch.testing.assert_close(out_q, ref_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_k, ref_k, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_q, hf_q, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(qkv[:, :num_heads], ref_q)  # in place
+    assert torch.equal(qkv[:, num_heads + num_kv_heads :], v_before)
+
+
+def test_partial_rotary_leaves_tail() -> None:
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(3, 2, 64, generator=g), torch.randn(3, 1, 64, generator=g)
+    pos = torch.tensor([0, 9, 31])
+    cache = _cos_sin_cache(32, 32)
+    ref_q, ref_k = apply_rotary_ref(q.clone(), k.clone(), pos, cache)
+    tail = q[..., 32:].clone()
+    out_q, out_k = apply_rotary(q, k, pos, cache)
+    torch.testing.assert_close(out_q, ref_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_k, ref_k, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out_q[..., 32:], tail)
+    torch.testing.assert_close(out_q[0], ref_q[0])  # position 0 is the identity
