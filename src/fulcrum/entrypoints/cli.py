@@ -32,7 +32,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _setup_logging() -> None:
+    import logging
+    import os
+
+    level = os.environ.get("FULCRUM_LOG_LEVEL", "INFO").upper()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+    root = logging.getLogger("fulcrum")
+    if not root.handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _setup_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
