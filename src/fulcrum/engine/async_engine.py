@@ -1,0 +1,403 @@
+"""AsyncEngine: the server's asyncio face of an engine core running in its own process.
+
+```
+ generate() ──▶ OutputProcessor.add_request ──▶ CoreClient.add_request ──ipc──▶ core process
+     ▲                                                                              │
+ per-request asyncio.Queue ◀── output handler task ◀── process_outputs ◀── CoreClient.get_output
+                                    └── aborts stop-string matches and disconnected requests
+```
+
+``generate`` yields ``RequestOutput`` objects: deltas for ``stream=True``, one cumulative output
+at finish otherwise. Leaving the iterator early (client disconnect, cancellation) aborts the
+request in the core, which frees its KV blocks and batch slot in the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fulcrum.engine.core_client import CoreClient, CoreDead, CoreFactory, RequestError
+from fulcrum.engine.outputs import RequestMetrics, RequestOutput
+from fulcrum.engine.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    SchedulerStats,
+    WireSamplingParams,
+)
+from fulcrum.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The core process is gone; every in-flight and future request fails with this."""
+
+
+class OutputProcessorLike(Protocol):
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+        stream: bool,
+    ) -> None: ...
+
+    def process_outputs(
+        self, outputs: list[EngineCoreOutput]
+    ) -> tuple[list[RequestOutput], list[str]]: ...
+
+    def abort_request(self, request_id: str) -> None: ...
+
+
+class StatsSink(Protocol):
+    """Receives the engine's observations (``ServerMetrics`` implements it)."""
+
+    def on_stats(self, stats: SchedulerStats) -> None: ...
+    def on_prompt(self, num_prompt_tokens: int) -> None: ...
+    def on_tokens(self, num_new_tokens: int) -> None: ...
+    def on_first_token(self, ttft_s: float) -> None: ...
+    def on_inter_token(self, itl_s: float) -> None: ...
+    def on_finished(
+        self,
+        finish_reason: str,
+        e2e_s: float,
+        queue_s: float | None,
+        num_prompt_tokens: int,
+        num_output_tokens: int,
+    ) -> None: ...
+
+
+@dataclass
+class _RequestState:
+    arrival_time: float
+    num_prompt_tokens: int
+    queue: asyncio.Queue[RequestOutput | BaseException] = field(default_factory=asyncio.Queue)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    first_scheduled_time: float | None = None
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+def to_wire(params: SamplingParams, max_tokens: int) -> WireSamplingParams:
+    """The core's view of ``params`` (text-level fields such as ``stop`` stay on the frontend)."""
+    return WireSamplingParams(
+        n=params.n,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        seed=params.seed,
+        max_tokens=max_tokens,
+        min_tokens=params.min_tokens,
+        stop_token_ids=list(params.stop_token_ids or []),
+        ignore_eos=params.ignore_eos,
+        logprobs=params.logprobs,
+    )
+
+
+class AsyncEngine:
+    """Asyncio frontend of one engine-core process."""
+
+    def __init__(
+        self,
+        client: CoreClient,
+        processor: OutputProcessorLike,
+        *,
+        tokenizer: Any = None,
+        max_model_len: int,
+        vocab_size: int,
+        stats_sink: StatsSink | None = None,
+        model_config: Any = None,
+    ) -> None:
+        self.client = client
+        self.processor = processor
+        self.tokenizer = tokenizer
+        self.model_config = model_config
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.stats_sink = stats_sink
+        self.stats = SchedulerStats()
+        self.dead: str | None = None
+        self._states: dict[str, _RequestState] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    async def start(
+        cls,
+        factory: CoreFactory,
+        processor_factory: Any,
+        *,
+        tokenizer: Any = None,
+        max_model_len: int = 0,
+        vocab_size: int = 0,
+        stats_sink: StatsSink | None = None,
+        model_config: Any = None,
+        startup_timeout: float = 600.0,
+    ) -> AsyncEngine:
+        """Spawn the core process, wait for its handshake and start the output handler."""
+        client = CoreClient(factory)
+        client.start()
+        try:
+            ready = await client.wait_ready(startup_timeout)
+        except BaseException:
+            client.shutdown()
+            raise
+        engine = cls(
+            client,
+            processor_factory(tokenizer),
+            tokenizer=tokenizer,
+            max_model_len=ready.max_model_len or max_model_len,
+            vocab_size=ready.vocab_size or vocab_size,
+            stats_sink=stats_sink,
+            model_config=model_config,
+        )
+        engine.stats = SchedulerStats(
+            num_blocks_total=ready.num_blocks_total, num_blocks_free=ready.num_blocks_total
+        )
+        if stats_sink is not None:
+            stats_sink.on_stats(engine.stats)
+        engine._task = asyncio.get_running_loop().create_task(engine._output_loop())
+        return engine
+
+    @classmethod
+    async def from_engine_args(
+        cls, engine_args: Any, *, stats_sink: StatsSink | None = None
+    ) -> AsyncEngine:
+        """Resolve the config here, load the tokenizer here and the model in the core process."""
+        from fulcrum.engine.core_client import EngineCoreFactory
+        from fulcrum.engine.output_processor import OutputProcessor
+        from fulcrum.model.loader.tokenizer import load_tokenizer
+
+        config = await asyncio.to_thread(engine_args.create_engine_config)
+        mc = config.model_config
+        client_factory = EngineCoreFactory(config)
+        # The core loads weights while this process loads the tokenizer.
+        tok_task = asyncio.create_task(asyncio.to_thread(load_tokenizer, mc))
+        try:
+            engine = await cls.start(
+                client_factory,
+                OutputProcessor,
+                tokenizer=await tok_task,
+                max_model_len=mc.max_model_len,
+                vocab_size=mc.vocab_size,
+                stats_sink=stats_sink,
+                model_config=mc,
+            )
+        finally:
+            if not tok_task.done():
+                tok_task.cancel()
+        return engine
+
+    async def shutdown(self) -> None:
+        """Stop the output handler and the core process (idempotent)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        await asyncio.to_thread(self.client.shutdown)
+        self._fail_all(EngineDeadError("the engine is shut down."))
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._states)
+
+    @property
+    def core_pid(self) -> int | None:
+        return self.client.pid
+
+    def request_stats(self) -> None:
+        """Ask the core for fresh SchedulerStats (they arrive through the output handler)."""
+        if self.dead is None:
+            self.client.request_stats()
+
+    # ------------------------------------------------------------------ requests
+    async def generate(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        prompt: str | None = None,
+        arrival_time: float | None = None,
+        cache_salt: str | None = None,
+        stream: bool = True,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Submit one request and yield its outputs until it finishes.
+
+        Raises ``ValueError`` if the core refuses the request and ``EngineDeadError`` if the core
+        process is gone. Closing or cancelling the iterator early aborts the request.
+        """
+        if self.dead is not None:
+            raise EngineDeadError(self.dead)
+        if request_id in self._states:
+            raise ValueError(f"request_id {request_id!r} is already in flight.")
+        arrival = arrival_time if arrival_time is not None else time.time()
+        max_tokens = params.max_tokens or max(self.max_model_len - len(prompt_token_ids), 1)
+        state = _RequestState(arrival, len(prompt_token_ids))
+        self._states[request_id] = state
+        self.processor.add_request(request_id, prompt, prompt_token_ids, params, arrival, stream)
+        self.client.add_request(
+            EngineCoreRequest(
+                request_id=request_id,
+                prompt_token_ids=prompt_token_ids,
+                sampling_params=to_wire(params, max_tokens),
+                arrival_time=arrival,
+                cache_salt=cache_salt,
+                priority=priority,
+            )
+        )
+        if self.stats_sink is not None:
+            self.stats_sink.on_prompt(len(prompt_token_ids))
+        finished = False
+        try:
+            while True:
+                item = await state.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True  # the core no longer holds it
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (no-op if unknown or finished)."""
+        if self._states.pop(request_id, None) is None:
+            return
+        with contextlib.suppress(Exception):
+            self.processor.abort_request(request_id)
+        if self.dead is None:
+            self.client.abort_requests([request_id])
+
+    def abort_all(self, reason: str) -> None:
+        """Abort every in-flight request; their iterators raise ``EngineDeadError(reason)``."""
+        ids = list(self._states)
+        for rid in ids:
+            with contextlib.suppress(Exception):
+                self.processor.abort_request(rid)
+        self._fail_all(EngineDeadError(reason))
+        if ids and self.dead is None:
+            self.client.abort_requests(ids)
+
+    # ------------------------------------------------------------------ output handler
+    async def _output_loop(self) -> None:
+        try:
+            while True:
+                msg = await self.client.get_output()
+                if isinstance(msg, CoreDead):
+                    logger.error("engine core died: %s", msg.message)
+                    self.dead = msg.message
+                    self._fail_all(EngineDeadError(f"engine core died: {msg.message}"))
+                    return
+                if isinstance(msg, RequestError):
+                    self._fail_request(msg)
+                    continue
+                self._handle_outputs(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug here must not hang every client
+            logger.exception("output handler failed")
+            self.dead = f"output handler failed: {e!r}"
+            self._fail_all(EngineDeadError(self.dead))
+
+    def _handle_outputs(self, msg: EngineCoreOutputs) -> None:
+        now = time.time()
+        if msg.outputs:
+            self._observe(msg.outputs, now)
+            request_outputs, to_abort = self.processor.process_outputs(msg.outputs)
+            for ro in request_outputs:
+                self._deliver(ro, now)
+            if to_abort:
+                self.client.abort_requests(list(to_abort))
+        if msg.stats is not None:
+            self.stats = msg.stats
+            if self.stats_sink is not None:
+                self.stats_sink.on_stats(msg.stats)
+
+    def _observe(self, outputs: list[EngineCoreOutput], now: float) -> None:
+        sink = self.stats_sink
+        seen: set[str] = set()
+        for out in outputs:
+            st = self._states.get(out.request_id)
+            if st is None or not out.new_token_ids:
+                continue
+            st.num_output_tokens += len(out.new_token_ids)
+            st.num_cached_tokens = max(st.num_cached_tokens, out.num_cached_tokens)
+            if sink is not None:
+                sink.on_tokens(len(out.new_token_ids))
+            if out.request_id in seen:
+                continue  # n > 1: one latency sample per request per step
+            seen.add(out.request_id)
+            sched = getattr(out, "first_scheduled_time", None)
+            if sched and st.first_scheduled_time is None:
+                st.first_scheduled_time = float(sched)
+            if st.first_token_time is None:
+                st.first_token_time = now
+                if sink is not None:
+                    sink.on_first_token(now - st.arrival_time)
+            elif sink is not None and st.last_token_time is not None:
+                sink.on_inter_token(now - st.last_token_time)
+            st.last_token_time = now
+
+    def _deliver(self, ro: RequestOutput, now: float) -> None:
+        st = self._states.get(ro.request_id)
+        if st is None:
+            return  # aborted meanwhile
+        if ro.finished:
+            del self._states[ro.request_id]
+            ro.metrics = RequestMetrics(
+                arrival_time=st.arrival_time,
+                first_scheduled_time=st.first_scheduled_time,
+                first_token_time=st.first_token_time,
+                last_token_time=st.last_token_time,
+                finished_time=now,
+            )
+            if not ro.num_cached_tokens:
+                ro.num_cached_tokens = st.num_cached_tokens
+            if self.stats_sink is not None:
+                reason = next((c.finish_reason for c in ro.outputs if c.finish_reason), "stop")
+                queue_s = None
+                if st.first_scheduled_time is not None:
+                    queue_s = st.first_scheduled_time - st.arrival_time
+                self.stats_sink.on_finished(
+                    str(reason),
+                    now - st.arrival_time,
+                    queue_s,
+                    st.num_prompt_tokens,
+                    st.num_output_tokens,
+                )
+        st.queue.put_nowait(ro)
+
+    def _fail_request(self, err: RequestError) -> None:
+        st = self._states.pop(err.request_id, None)
+        with contextlib.suppress(Exception):
+            self.processor.abort_request(err.request_id)
+        if st is not None:
+            exc: Exception = (
+                ValueError(err.message) if err.is_value_error else RuntimeError(err.message)
+            )
+            st.queue.put_nowait(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        states, self._states = self._states, {}
+        for st in states.values():
+            st.queue.put_nowait(exc)

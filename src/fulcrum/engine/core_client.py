@@ -1,0 +1,374 @@
+"""The process boundary: the engine core runs its busy loop in a child process.
+
+```
+ server process (asyncio)                         core process (no event loop)
+ CoreClient.add_request ──PUSH──▶ ipc://…-in ──PULL──▶ drain input → core.add_request / abort
+ CoreClient.get_output  ◀──PULL── ipc://…-out ◀──PUSH── step() while unfinished → outputs
+```
+
+Every message is ``[kind, msgpack payload]`` with msgspec structs from ``engine/protocol.py``
+(plus the few handshake structs below) — nothing is pickled on the sockets. The child is started
+with multiprocessing's *spawn* method (a fresh interpreter: torch and ZMQ never cross a fork);
+only the picklable core factory travels in the process-start pipe. The child exits when its
+parent dies (a watchdog thread polls the parent pid), on SIGTERM, and on a SHUTDOWN message.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from fulcrum.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+# Frontend → core.
+ADD, ABORT, STATS, SHUTDOWN = b"A", b"X", b"S", b"Q"
+# Core → frontend.
+READY, OUTPUTS, REQUEST_ERROR, DEAD = b"R", b"O", b"E", b"D"
+
+_IDLE_POLL_MS = 500
+
+
+class CoreReady(msgspec.Struct):
+    """Handshake: what the frontend must know about the loaded engine."""
+
+    pid: int
+    max_model_len: int = 0  # 0: unknown, the frontend keeps its own value
+    vocab_size: int = 0
+    num_blocks_total: int = 0
+
+
+class RequestError(msgspec.Struct):
+    """``add_request`` refused a request (e.g. ValueError); the message is user-facing."""
+
+    request_id: str
+    message: str
+    is_value_error: bool = True
+
+
+class CoreDead(msgspec.Struct):
+    """The core failed and its process is exiting."""
+
+    message: str
+
+
+CoreMessage = EngineCoreOutputs | RequestError | CoreDead
+
+
+class EngineCoreLike(Protocol):
+    """What the child loop needs from an engine core (``fulcrum.engine.core.EngineCore``)."""
+
+    def add_request(self, req: EngineCoreRequest) -> None: ...
+    def abort_requests(self, request_ids: list[str]) -> None: ...
+    def step(self) -> EngineCoreOutputs: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def get_stats(self) -> SchedulerStats: ...
+    def shutdown(self) -> None: ...
+
+
+CoreFactory = Callable[[], EngineCoreLike]
+
+
+@dataclass
+class EngineCoreFactory:
+    """Builds the real ``EngineCore`` in the child (the config is pickled into the start pipe)."""
+
+    config: Any  # fulcrum.config.EngineConfig
+
+    def __call__(self) -> EngineCoreLike:
+        from fulcrum.engine.core import EngineCore
+
+        return EngineCore(self.config)
+
+
+def _describe(core: Any) -> CoreReady:
+    def find(*paths: str) -> int:
+        for path in paths:
+            obj: Any = core
+            try:
+                for part in path.split("."):
+                    obj = getattr(obj, part)
+                return int(obj)
+            except (AttributeError, TypeError, ValueError):
+                continue
+        return 0
+
+    stats = core.get_stats()
+    return CoreReady(
+        pid=os.getpid(),
+        max_model_len=find(
+            "max_model_len",
+            "config.scheduler_config.max_model_len",
+            "config.model_config.max_model_len",
+        ),
+        vocab_size=find("vocab_size", "config.model_config.vocab_size"),
+        num_blocks_total=int(stats.num_blocks_total),
+    )
+
+
+# --------------------------------------------------------------------------- child process
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent_pid:
+            os._exit(1)  # orphaned: nobody reads our outputs any more
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
+class _CoreLoop:
+    """Drain the input socket, step while there is work, push outputs, block when idle."""
+
+    def __init__(self, core: EngineCoreLike, inp: zmq.Socket, out: zmq.Socket) -> None:
+        self.core, self.inp, self.out = core, inp, out
+        self.enc = msgspec.msgpack.Encoder()
+        self.req_dec = msgspec.msgpack.Decoder(EngineCoreRequest)
+        self.ids_dec = msgspec.msgpack.Decoder(list[str])
+        self.running = True
+        self.need_step = False  # an abort frees its blocks in the next step
+        self.last_stats: SchedulerStats | None = None
+
+    def run(self) -> None:
+        while self.running:
+            busy = self.core.has_unfinished_requests() or self.need_step
+            self._drain(block=not busy)
+            if not self.running:
+                break
+            if self.core.has_unfinished_requests() or self.need_step:
+                self.need_step = False
+                self._push(self.core.step())
+            else:
+                self._push_stats_if_changed()
+
+    def _drain(self, block: bool) -> None:
+        while block and self.running:
+            if self.inp.poll(_IDLE_POLL_MS):
+                break
+        while self.running:
+            try:
+                kind, payload = self.inp.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(kind, payload)
+
+    def _handle(self, kind: bytes, payload: bytes) -> None:
+        if kind == ADD:
+            req = self.req_dec.decode(payload)
+            try:
+                self.core.add_request(req)
+            except ValueError as e:
+                self._send(REQUEST_ERROR, RequestError(req.request_id, str(e)))
+            except Exception as e:  # a bad request must not take the engine down
+                logger.exception("add_request failed for %s", req.request_id)
+                msg = f"{type(e).__name__}: {e}"
+                self._send(REQUEST_ERROR, RequestError(req.request_id, msg, False))
+        elif kind == ABORT:
+            self.core.abort_requests(self.ids_dec.decode(payload))
+            self.need_step = True
+        elif kind == STATS:
+            self.last_stats = None  # force a push
+        elif kind == SHUTDOWN:
+            self.running = False
+
+    def _push(self, outs: EngineCoreOutputs) -> None:
+        if outs.stats is None:
+            outs.stats = self.core.get_stats()
+        if not outs.timestamp:
+            outs.timestamp = time.time()
+        if outs.outputs or outs.stats != self.last_stats:
+            self.last_stats = outs.stats
+            self._send(OUTPUTS, outs)
+
+    def _push_stats_if_changed(self) -> None:
+        stats = self.core.get_stats()
+        if stats != self.last_stats:
+            self.last_stats = stats
+            self._send(OUTPUTS, EngineCoreOutputs(outputs=[], stats=stats, timestamp=time.time()))
+
+    def _send(self, kind: bytes, msg: msgspec.Struct) -> None:
+        self.out.send_multipart([kind, self.enc.encode(msg)], copy=False)
+
+
+def run_engine_core(
+    factory: CoreFactory, input_addr: str, output_addr: str, parent_pid: int
+) -> None:
+    """Entry point of the core process."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s core %(message)s")
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the server, which drains
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    ctx = zmq.Context()
+    inp = ctx.socket(zmq.PULL)
+    inp.connect(input_addr)
+    out = ctx.socket(zmq.PUSH)
+    out.setsockopt(zmq.SNDHWM, 0)
+    out.setsockopt(zmq.LINGER, 2000)
+    out.connect(output_addr)
+    enc = msgspec.msgpack.Encoder()
+    core: EngineCoreLike | None = None
+    try:
+        core = factory()
+        out.send_multipart([READY, enc.encode(_describe(core))])
+        _CoreLoop(core, inp, out).run()
+    except SystemExit:
+        pass
+    except BaseException as e:
+        tb = traceback.format_exc()
+        logger.error("engine core failed:\n%s", tb)
+        out.send_multipart([DEAD, enc.encode(CoreDead(f"{type(e).__name__}: {e}"))])
+        raise SystemExit(1) from None
+    finally:
+        if core is not None:
+            try:
+                core.shutdown()
+            except Exception:
+                logger.exception("engine core shutdown failed")
+        inp.close(linger=0)
+        out.close()
+        ctx.term()
+
+
+# --------------------------------------------------------------------------- server side
+
+
+class CoreClient:
+    """Frontend handle of the core process: send requests/aborts, await outputs."""
+
+    def __init__(self, factory: CoreFactory, *, name: str = "fulcrum-engine-core") -> None:
+        self.factory = factory
+        self.name = name
+        base = os.path.join(tempfile.gettempdir(), f"fulcrum-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self._paths = (base + "-in", base + "-out")
+        self.input_addr, self.output_addr = (f"ipc://{p}" for p in self._paths)
+        self._ctx = zmq.Context()
+        self._actx = zmq.asyncio.Context.shadow(self._ctx.underlying)
+        self._inp = self._ctx.socket(zmq.PUSH)
+        self._inp.setsockopt(zmq.SNDHWM, 0)
+        self._inp.setsockopt(zmq.LINGER, 0)
+        self._out = self._actx.socket(zmq.PULL)
+        self._out.setsockopt(zmq.RCVHWM, 0)
+        self._out.setsockopt(zmq.LINGER, 0)
+        self._enc = msgspec.msgpack.Encoder()
+        self._dec_outputs = msgspec.msgpack.Decoder(EngineCoreOutputs)
+        self._dec_error = msgspec.msgpack.Decoder(RequestError)
+        self._dec_dead = msgspec.msgpack.Decoder(CoreDead)
+        self._proc: mp.process.BaseProcess | None = None
+        self._closed = False
+        self.ready: CoreReady | None = None
+
+    def start(self) -> None:
+        self._inp.bind(self.input_addr)
+        self._out.bind(self.output_addr)
+        ctx = mp.get_context("spawn")
+        self._proc = ctx.Process(
+            target=run_engine_core,
+            args=(self.factory, self.input_addr, self.output_addr, os.getpid()),
+            name=self.name,
+        )
+        self._proc.start()
+        atexit.register(self.shutdown)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    async def wait_ready(self, timeout: float = 600.0) -> CoreReady:
+        """Wait for the core's handshake; raise RuntimeError if it dies or times out first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if await self._out.poll(200):
+                kind, payload = await self._out.recv_multipart()
+                if kind == READY:
+                    self.ready = msgspec.msgpack.decode(payload, type=CoreReady)
+                    return self.ready
+                if kind == DEAD:
+                    raise RuntimeError(
+                        f"engine core failed to start: {self._dec_dead.decode(payload).message}"
+                    )
+            elif not self.is_alive():
+                code = self._proc.exitcode if self._proc else None
+                raise RuntimeError(f"engine core process exited during startup (code {code}).")
+        raise RuntimeError(f"engine core not ready after {timeout:.0f} s.")
+
+    def add_request(self, req: EngineCoreRequest) -> None:
+        self._inp.send_multipart([ADD, self._enc.encode(req)], copy=False)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids and not self._closed:
+            self._inp.send_multipart([ABORT, self._enc.encode(request_ids)], copy=False)
+
+    def request_stats(self) -> None:
+        """Ask the core to push its current SchedulerStats (answered as an outputs message)."""
+        if not self._closed:
+            self._inp.send_multipart([STATS, b""])
+
+    async def get_output(self) -> CoreMessage:
+        """Next message from the core; a ``CoreDead`` if the process is gone."""
+        while True:
+            if await self._out.poll(1000):
+                kind, payload = await self._out.recv_multipart()
+                if kind == OUTPUTS:
+                    return self._dec_outputs.decode(payload)
+                if kind == REQUEST_ERROR:
+                    return self._dec_error.decode(payload)
+                if kind == DEAD:
+                    return self._dec_dead.decode(payload)
+                logger.warning("unexpected message kind %r from the core", kind)
+            elif not self.is_alive():
+                code = self._proc.exitcode if self._proc else None
+                return CoreDead(f"engine core process exited (code {code}).")
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the child (SHUTDOWN, then SIGTERM, then SIGKILL) and remove the sockets."""
+        if self._closed:
+            return
+        self._closed = True
+        proc = self._proc
+        if proc is not None and proc.is_alive():
+            try:
+                self._inp.send_multipart([SHUTDOWN, b""], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            proc.join(timeout)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2.0)
+        self._inp.close(linger=0)
+        self._out.close(linger=0)
+        self._ctx.term()
+        for p in self._paths:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+        try:
+            atexit.unregister(self.shutdown)
+        except Exception:
+            pass

@@ -1,0 +1,165 @@
+"""`fulcrum serve`: the OpenAI-compatible HTTP server (engine core in its own process)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any
+
+from fulcrum.engine.arg_utils import EngineArgs
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be non-negative, got {n}")
+    return n
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve",
+        help="Run the OpenAI-compatible API server.",
+        description="Serve a model over the OpenAI API (chat, completions, models, tokenize, "
+        "metrics). The engine core runs in a child process.",
+    )
+    s = p.add_argument_group("server")
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="Address to bind (use 0.0.0.0 to listen on every interface; default: %(default)s).",
+    )
+    s.add_argument(
+        "--port", type=int, default=8000, help="TCP port to listen on (default: %(default)s)."
+    )
+    s.add_argument(
+        "--api-key",
+        default=None,
+        help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
+        "(default: $FULCRUM_API_KEY, else no key).",
+    )
+    s.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="Model name(s) clients use; the first is reported in responses "
+        f"(default: the --model argument, or {DEFAULT_MODEL_NAME}).",
+    )
+    s.add_argument(
+        "--chat-template",
+        default=None,
+        help="Chat template (a file path or the template text) replacing the model's.",
+    )
+    s.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="Let requests supply their own chat_template (rendered in the sandbox).",
+    )
+    s.add_argument(
+        "--max-request-bytes",
+        type=_positive_int,
+        default=8 * 1024 * 1024,
+        help="Largest accepted request body in bytes; larger bodies get 413 (default: %(default)s).",
+    )
+    s.add_argument(
+        "--max-queued-requests",
+        type=_positive_int,
+        default=1024,
+        help="Requests allowed to wait beyond --max-num-seqs running ones; more get "
+        "429 (default: %(default)s).",
+    )
+    s.add_argument(
+        "--max-n", type=_positive_int, default=16, help="Largest accepted n (default: %(default)s)."
+    )
+    s.add_argument(
+        "--max-logprobs",
+        type=_positive_int,
+        default=20,
+        help="Largest accepted top_logprobs / logprobs (default: %(default)s).",
+    )
+    s.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="Seconds in-flight requests may run after SIGTERM before being aborted "
+        "(default: %(default)s).",
+    )
+    s.add_argument(
+        "--log-requests-file",
+        default=None,
+        help="Append one JSON line per finished request to this file (traffic log).",
+    )
+    s.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="Server log level (default: %(default)s).",
+    )
+    s.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="Log every HTTP request line.",
+    )
+    EngineArgs.add_cli_args(p)
+    p.set_defaults(func=run_serve)
+    return p
+
+
+def _load_template(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    return value
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from fulcrum.engine.async_engine import AsyncEngine
+    from fulcrum.entrypoints.openai.api_server import DrainingServer, build_app
+    from fulcrum.entrypoints.openai.serving_base import ServeOptions, ServerState
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    engine_args = EngineArgs.from_cli_args(args)
+    names = args.served_model_name or [args.model or DEFAULT_MODEL_NAME]
+    options = ServeOptions(
+        served_model_names=names,
+        model_root=args.model or DEFAULT_MODEL_NAME,
+        api_key=args.api_key or os.environ.get("FULCRUM_API_KEY") or None,
+        trust_request_chat_template=args.trust_request_chat_template,
+        chat_template=_load_template(args.chat_template),
+        max_request_bytes=args.max_request_bytes,
+        max_queued_requests=args.max_queued_requests,
+        max_num_seqs=engine_args.max_num_seqs,
+        max_n=args.max_n,
+        max_logprobs=args.max_logprobs,
+        shutdown_timeout=args.shutdown_timeout,
+        log_requests_file=args.log_requests_file,
+    )
+    state = ServerState(options)
+
+    async def make_engine(metrics: Any) -> AsyncEngine:
+        return await AsyncEngine.from_engine_args(engine_args, stats_sink=metrics)
+
+    app = build_app(state, make_engine)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=30,
+        lifespan="on",
+    )
+    server = DrainingServer(config, state)
+    server.run()
+    if not server.started:
+        return 1
+    return 0

@@ -1,0 +1,274 @@
+"""POST /v1/completions (prompt: string, list of strings, token ids, list of token-id lists)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from fulcrum.engine.async_engine import EngineDeadError
+from fulcrum.engine.outputs import CompletionOutput, RequestOutput
+from fulcrum.entrypoints.openai.errors import OpenAIError, bad_request, engine_dead, value_error
+from fulcrum.entrypoints.openai.protocol import CompletionRequest
+from fulcrum.entrypoints.openai.serving_base import (
+    MAX_PROMPTS_PER_REQUEST,
+    OpenAIServing,
+    conversation_id,
+    merge_streams,
+    openai_finish_reason,
+    run_until_disconnect,
+    usage_dict,
+)
+from fulcrum.entrypoints.openai.sse import (
+    DONE,
+    completion_logprobs,
+    encode_json,
+    sse_error,
+    sse_event,
+)
+
+
+@dataclass
+class _Prompt:
+    request_id: str
+    text: str | None  # as given (None for token-id prompts)
+    ids: list[int]
+    first_token_time: float | None = None
+    num_output: int = 0
+    final: RequestOutput | None = None
+    finish_reason: str | None = None
+
+
+class ServingCompletions(OpenAIServing):
+    endpoint = "completions"
+
+    def split_prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+        p = req.prompt
+        if isinstance(p, str):
+            items: list[Any] = [p]
+        elif not p:
+            raise bad_request("prompt must not be empty.", "prompt")
+        elif isinstance(p[0], int):
+            items = [p]
+        else:
+            items = list(p)
+        if len(items) > MAX_PROMPTS_PER_REQUEST:
+            raise bad_request(
+                f"prompt holds at most {MAX_PROMPTS_PER_REQUEST} prompts, got {len(items)}.",
+                "prompt",
+            )
+        out: list[tuple[str | None, list[int]]] = []
+        for item in items:
+            if isinstance(item, str):
+                ids = list(self.tokenizer(item, add_special_tokens=True)["input_ids"])
+                out.append((item, ids))
+            else:
+                ids = list(item)
+                self.check_token_ids(ids, "prompt")
+                out.append((None, ids))
+        return out
+
+    async def create(self, req: CompletionRequest, raw: Request) -> Response:
+        arrival = time.time()
+        model = self.check_model(req.model)
+        self.check_common(req)
+        if req.suffix:
+            raise bad_request("suffix is not supported.", "suffix")
+        if req.best_of is not None and req.best_of != req.n:
+            raise bad_request("best_of must equal n (no server-side ranking).", "best_of")
+        self.check_logprobs(req.logprobs, "logprobs")
+        prompts = self.split_prompts(req)
+        resolved = [
+            self.resolve_max_tokens(len(ids), req.max_tokens, 16, "prompt") for _, ids in prompts
+        ]
+        params = [self.sampling_params(req, m, req.logprobs) for m in resolved]
+        self.check_admission(len(prompts))
+        base = self.new_request_id("cmpl")
+        states = [
+            _Prompt(f"{base}-{i}" if len(prompts) > 1 else base, text, ids)
+            for i, (text, ids) in enumerate(prompts)
+        ]
+        gens = [
+            self.engine.generate(
+                st.request_id,
+                st.ids,
+                p,
+                prompt=st.text,
+                arrival_time=arrival,
+                cache_salt=req.cache_salt,
+                stream=req.stream,
+            )
+            for st, p in zip(states, params, strict=True)
+        ]
+        ctx = _CompletionCtx(self, req, raw, base, model, states, arrival)
+        if req.stream:
+            return StreamingResponse(
+                ctx.stream(gens),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        return await ctx.full(gens)
+
+
+class _CompletionCtx:
+    def __init__(
+        self,
+        serving: ServingCompletions,
+        req: CompletionRequest,
+        raw: Request,
+        rid: str,
+        model: str,
+        prompts: list[_Prompt],
+        arrival: float,
+    ) -> None:
+        self.s, self.req, self.raw, self.rid, self.model = serving, req, raw, rid, model
+        self.prompts, self.arrival = prompts, arrival
+        self.created = int(arrival)
+        self.fp = serving.state.system_fingerprint
+        self.top_n = req.logprobs or 0
+
+    def _log_all(self) -> None:
+        for p in self.prompts:
+            self.s.log_request(
+                request_id=p.request_id,
+                model=self.model,
+                prompt_token_ids=p.ids,
+                prompt=p.text,
+                messages=None,
+                arrival_time=self.arrival,
+                final=p.final,
+                first_token_time=p.first_token_time,
+                num_output_tokens=p.num_output,
+                finish_reason=p.finish_reason or "abort",
+                cache_salt=self.req.cache_salt,
+                conversation_id=conversation_id(self.raw, self.req.user),
+            )
+
+    def _echo_text(self, p: _Prompt) -> str:
+        if p.text is not None:
+            return p.text
+        return str(self.s.tokenizer.decode(p.ids))
+
+    def _logprobs(self, p: _Prompt, c: CompletionOutput, offset: int, echo: bool) -> Any:
+        if self.req.logprobs is None:
+            return None
+        return completion_logprobs(
+            c.token_ids, c.logprobs, self.top_n, self.s.tokenizer, offset, p.ids if echo else None
+        )
+
+    def _chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> dict[str, Any]:
+        c: dict[str, Any] = {
+            "id": self.rid,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fp,
+            "choices": choices,
+        }
+        if include_usage:
+            c["usage"] = None
+        return c
+
+    def _usage(self) -> dict[str, Any]:
+        cached = sum(p.final.num_cached_tokens for p in self.prompts if p.final is not None)
+        return usage_dict(
+            sum(len(p.ids) for p in self.prompts), sum(p.num_output for p in self.prompts), cached
+        )
+
+    async def stream(self, gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
+        req, n = self.req, self.req.n
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        finished: set[int] = set()
+        offsets: dict[int, int] = {}
+        try:
+            async for pi, ro in merge_streams(gens):
+                p = self.prompts[pi]
+                if ro.finished:
+                    p.final = ro
+                choices = []
+                for c in ro.outputs:
+                    index = pi * n + c.index
+                    if index in finished:
+                        continue
+                    p.num_output += len(c.token_ids)
+                    if c.token_ids and p.first_token_time is None:
+                        p.first_token_time = time.time()
+                    reason = openai_finish_reason(c.finish_reason)
+                    first = index not in offsets
+                    echo = req.echo and first
+                    text = (self._echo_text(p) if echo else "") + c.text
+                    if (
+                        not text
+                        and reason is None
+                        and not (req.logprobs is not None and c.token_ids)
+                    ):
+                        continue
+                    offsets.setdefault(index, 0)
+                    lp = self._logprobs(p, c, offsets[index], echo)
+                    offsets[index] += len(text)
+                    choices.append(
+                        {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
+                    )
+                    if reason is not None:
+                        finished.add(index)
+                        p.finish_reason = p.finish_reason or reason
+                if choices:
+                    yield sse_event(self._chunk(choices, include_usage))
+            if include_usage:
+                yield sse_event({**self._chunk([], False), "usage": self._usage()})
+        except OpenAIError as e:
+            yield sse_error(e)
+        except ValueError as e:
+            yield sse_error(value_error(e))
+        except EngineDeadError as e:
+            yield sse_error(engine_dead(str(e)))
+        finally:
+            self._log_all()
+        yield DONE
+
+    async def _collect(self, gens: list[AsyncIterator[RequestOutput]]) -> None:
+        async for pi, ro in merge_streams(gens):
+            if ro.finished:
+                self.prompts[pi].final = ro
+
+    async def full(self, gens: list[AsyncIterator[RequestOutput]]) -> Response:
+        try:
+            await run_until_disconnect(self.raw, self._collect(gens))
+        except BaseException as e:
+            self._log_all()
+            if isinstance(e, EngineDeadError):
+                raise engine_dead(str(e)) from None
+            if isinstance(e, ValueError):
+                raise value_error(e) from None
+            raise
+        choices = []
+        for pi, p in enumerate(self.prompts):
+            assert p.final is not None
+            for c in sorted(p.final.outputs, key=lambda c: c.index):
+                reason = openai_finish_reason(c.finish_reason) or "stop"
+                p.finish_reason = p.finish_reason or reason
+                p.num_output += len(c.token_ids)
+                prefix = self._echo_text(p) if self.req.echo else ""
+                choices.append(
+                    {
+                        "index": pi * self.req.n + c.index,
+                        "text": prefix + c.text,
+                        "logprobs": self._logprobs(p, c, 0, self.req.echo),
+                        "finish_reason": reason,
+                    }
+                )
+        self._log_all()
+        body = {
+            "id": self.rid,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fp,
+            "choices": choices,
+            "usage": self._usage(),
+        }
+        return Response(encode_json(body), media_type="application/json")

@@ -1,0 +1,116 @@
+"""Server-sent events framing and the logprobs formats of both OpenAI APIs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+
+from fulcrum.engine.outputs import SampleLogprobs, TokenLogprob
+from fulcrum.entrypoints.openai.errors import OpenAIError
+
+_ENC = msgspec.json.Encoder()
+DONE = b"data: [DONE]\n\n"
+MIN_LOGPROB = -9999.0  # JSON has no -inf
+
+
+def encode_json(obj: Any) -> bytes:
+    return _ENC.encode(obj)
+
+
+def sse_event(obj: Any) -> bytes:
+    """One ``data: {json}\\n\\n`` event."""
+    return b"data: " + _ENC.encode(obj) + b"\n\n"
+
+
+def sse_error(err: OpenAIError) -> bytes:
+    """An error after streaming began: an error event (the caller then sends ``[DONE]``)."""
+    body = err.body()
+    body["error"]["status"] = err.status
+    return sse_event(body)
+
+
+def _lp(x: float) -> float:
+    return MIN_LOGPROB if math.isnan(x) or x < MIN_LOGPROB else float(x)
+
+
+def _token_text(entry: TokenLogprob | None, token_id: int, tokenizer: Any) -> str:
+    if entry is not None and entry.decoded:
+        return entry.decoded
+    return str(tokenizer.decode([token_id], skip_special_tokens=False))
+
+
+def _top(entries: dict[int, TokenLogprob], k: int) -> list[tuple[int, TokenLogprob]]:
+    ranked = sorted(entries.items(), key=lambda kv: (kv[1].rank, -kv[1].logprob))
+    return ranked[:k]
+
+
+def chat_logprobs(
+    token_ids: list[int], logprobs: SampleLogprobs | None, top_n: int, tokenizer: Any
+) -> list[dict[str, Any]]:
+    """``choice.logprobs.content`` entries: token, logprob, bytes, top_logprobs (exactly top_n)."""
+    content: list[dict[str, Any]] = []
+    for i, tid in enumerate(token_ids):
+        entries = logprobs[i] if logprobs is not None and i < len(logprobs) else {}
+        sampled = entries.get(tid)
+        text = _token_text(sampled, tid, tokenizer)
+        tops = []
+        for alt_id, alt in _top(entries, top_n):
+            alt_text = _token_text(alt, alt_id, tokenizer)
+            tops.append(
+                {"token": alt_text, "logprob": _lp(alt.logprob), "bytes": list(alt_text.encode())}
+            )
+        content.append(
+            {
+                "token": text,
+                "logprob": _lp(sampled.logprob) if sampled is not None else MIN_LOGPROB,
+                "bytes": list(text.encode()),
+                "top_logprobs": tops,
+            }
+        )
+    return content
+
+
+def completion_logprobs(
+    token_ids: list[int],
+    logprobs: SampleLogprobs | None,
+    top_n: int,
+    tokenizer: Any,
+    text_offset: int,
+    prompt_token_ids: list[int] | None = None,
+) -> dict[str, Any]:
+    """Legacy format: tokens, token_logprobs, top_logprobs (top_n plus the sampled token),
+    text_offset. Echoed prompt tokens come first with null logprobs."""
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    offset = text_offset
+    for tid in prompt_token_ids or []:
+        text = str(tokenizer.decode([tid], skip_special_tokens=False))
+        tokens.append(text)
+        token_logprobs.append(None)
+        top_logprobs.append(None)
+        offsets.append(offset)
+        offset += len(text)
+    for i, tid in enumerate(token_ids):
+        entries = logprobs[i] if logprobs is not None and i < len(logprobs) else {}
+        sampled = entries.get(tid)
+        text = _token_text(sampled, tid, tokenizer)
+        tops: dict[str, float] = {}
+        for alt_id, alt in _top(entries, top_n):
+            tops[_token_text(alt, alt_id, tokenizer)] = _lp(alt.logprob)
+        if sampled is not None:
+            tops.setdefault(text, _lp(sampled.logprob))
+        tokens.append(text)
+        token_logprobs.append(_lp(sampled.logprob) if sampled is not None else MIN_LOGPROB)
+        top_logprobs.append(tops)
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": offsets,
+    }

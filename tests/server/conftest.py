@@ -1,0 +1,41 @@
+"""One real `fulcrum serve` process on the embedded model, shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from srv_helpers import API_KEY, MAX_MODEL_LEN, MAX_REQUEST_BYTES, Server, start_server, stop_server
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = str(tmp_path_factory.mktemp("server"))
+    s = start_server(
+        tmp,
+        "--api-key",
+        API_KEY,
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-request-bytes",
+        str(MAX_REQUEST_BYTES),
+    )
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture(scope="session")
+def client(server: Server) -> Any:
+    import openai
+
+    return openai.OpenAI(
+        base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=300
+    )
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    from fulcrum.model.loader.default_model import load_default_tokenizer
+
+    return load_default_tokenizer()

@@ -1,0 +1,322 @@
+"""OpenAI semantics through the official client against the real server."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from srv_helpers import MAX_MODEL_LEN, MODEL, Server
+
+MSG = [{"role": "user", "content": "Name three colors."}]
+
+
+def stream_chat(client: Any, **kw: Any) -> tuple[dict[int, str], dict[int, list[str]], list[Any]]:
+    """Texts per index, finish reasons per index, and all chunks."""
+    texts: dict[int, str] = {}
+    reasons: dict[int, list[str]] = {}
+    chunks = list(client.chat.completions.create(model=MODEL, stream=True, **kw))
+    for ch in chunks:
+        for c in ch.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason is not None:
+                reasons.setdefault(c.index, []).append(c.finish_reason)
+    return texts, reasons, chunks
+
+
+def test_models(server: Server, client: Any) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    status, body = server.json("GET", "/v1/models")
+    assert status == 200 and body["data"][0]["max_model_len"] == MAX_MODEL_LEN
+
+
+def test_chat_stream_equals_nonstream_greedy(client: Any) -> None:
+    kw = dict(messages=MSG, max_tokens=12, temperature=0)
+    full = client.chat.completions.create(model=MODEL, **kw)
+    texts, reasons, chunks = stream_chat(client, **kw)
+    assert full.choices[0].message.role == "assistant"
+    assert texts[0] == full.choices[0].message.content and texts[0]
+    assert reasons == {0: [full.choices[0].finish_reason]}
+    assert full.choices[0].finish_reason in ("stop", "length")
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.delta.role is None for ch in chunks[1:] for c in ch.choices)
+    assert full.system_fingerprint and chunks[0].system_fingerprint == full.system_fingerprint
+    assert all(ch.usage is None for ch in chunks)
+
+
+def test_completion_stream_equals_nonstream_greedy(client: Any) -> None:
+    kw = dict(prompt="The capital of France is", max_tokens=10, temperature=0)
+    full = client.completions.create(model=MODEL, **kw)
+    text = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model=MODEL, stream=True, **kw)
+        if c.choices
+    )
+    assert text == full.choices[0].text and text
+
+
+def test_n2_indices_and_one_finish_reason_each(client: Any) -> None:
+    texts, reasons, _ = stream_chat(
+        client, messages=MSG, max_tokens=8, n=2, temperature=1.0, seed=7
+    )
+    assert sorted(texts) == [0, 1]
+    assert all(len(r) == 1 and r[0] in ("stop", "length") for r in reasons.values())
+    assert sorted(reasons) == [0, 1]
+    full = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=8, n=2, seed=7)
+    assert [c.index for c in full.choices] == [0, 1]
+    assert full.usage.completion_tokens <= 16
+
+
+def test_seed_reproducible(client: Any) -> None:
+    kw = dict(prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=1234)
+    a = client.completions.create(model=MODEL, **kw).choices[0].text
+    b = client.completions.create(model=MODEL, **kw).choices[0].text
+    assert a == b
+
+
+def test_chat_logprobs_shapes(client: Any) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, messages=MSG, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    for t in content:
+        assert len(t.top_logprobs) == 3 and t.logprob <= 0
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[-1].logprob
+        assert t.bytes == list(t.token.encode())
+    # Greedy: the sampled token is the most likely one.
+    assert all(t.token == t.top_logprobs[0].token for t in content)
+    _, _, chunks = stream_chat(
+        client, messages=MSG, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    streamed = [t for ch in chunks for c in ch.choices if c.logprobs for t in c.logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+
+
+def test_completion_logprobs_legacy_format(client: Any) -> None:
+    r = client.completions.create(
+        model=MODEL, prompt="One, two, three,", max_tokens=5, temperature=0, logprobs=2
+    )
+    c = r.choices[0]
+    lp = c.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert len(lp.tokens) == r.usage.completion_tokens
+    assert "".join(lp.tokens) == c.text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(2 <= len(d) <= 3 for d in lp.top_logprobs)
+
+
+def test_echo_and_token_prompts(client: Any, tokenizer: Any) -> None:
+    r = client.completions.create(
+        model=MODEL, prompt="Hello there", max_tokens=3, echo=True, temperature=0
+    )
+    assert r.choices[0].text.startswith("Hello there")
+    ids = tokenizer("Roses are red")["input_ids"]
+    r = client.completions.create(model=MODEL, prompt=[ids, ids], max_tokens=3, temperature=0, n=2)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2, 3]
+    assert r.usage.prompt_tokens == 2 * len(ids)
+    r2 = client.completions.create(model=MODEL, prompt=["a b c", "d e"], max_tokens=2)
+    assert sorted(c.index for c in r2.choices) == [0, 1]
+
+
+def test_usage_against_tokenizer(server: Server, client: Any, tokenizer: Any) -> None:
+    prompt = "Write a haiku about the sea."
+    r = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=7, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert r.usage.prompt_tokens == len(tokenizer(prompt)["input_ids"])
+    assert r.usage.completion_tokens == 7
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 7
+    status, tok = server.json("POST", "/tokenize", {"model": MODEL, "messages": MSG})
+    assert status == 200
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=MSG,
+        max_completion_tokens=5,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert chat.usage.prompt_tokens == tok["count"]
+    assert chat.usage.completion_tokens == 5 and chat.choices[0].finish_reason == "length"
+
+
+def test_include_usage_raw_sse(server: Server) -> None:
+    body = {
+        "model": MODEL,
+        "messages": MSG,
+        "max_tokens": 5,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    status, data, headers = server.request("POST", "/v1/chat/completions", body)
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = data.decode().split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    payloads = [json.loads(e[len("data: ") :]) for e in events[:-2]]
+    assert all(e.startswith("data: ") for e in events[:-1])
+    *chunks, last = payloads
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 5
+    assert last["usage"]["total_tokens"] == last["usage"]["prompt_tokens"] + 5
+    assert "cached_tokens" in last["usage"]["prompt_tokens_details"]
+    assert all("usage" in c and c["usage"] is None for c in chunks)
+    body.pop("stream_options")
+    _, data, _ = server.request("POST", "/v1/chat/completions", body)
+    assert all('"usage"' not in e for e in data.decode().split("\n\n"))
+
+
+def _tokens_of(client: Any, prompt: str, n: int) -> list[str]:
+    r = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=n,
+        temperature=0,
+        logprobs=0,
+        extra_body={"ignore_eos": True},
+    )
+    return r.choices[0].logprobs.tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_split_across_tokens_never_leaks(client: Any, stream: bool) -> None:
+    prompt = "List the days of the week:"
+    toks = _tokens_of(client, prompt, 16)
+    full = "".join(toks)
+    # A stop string made of the end of one token and the start of the next.
+    i = next(i for i in range(3, len(toks) - 1) if len(toks[i]) >= 2 and len(toks[i + 1]) >= 2)
+    stop = toks[i][-2:] + toks[i + 1][:2]
+    expected = full[: full.index(stop)]
+    kw = dict(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=16,
+        temperature=0,
+        stop=[stop, "zzzz"],
+        extra_body={"ignore_eos": True},
+    )
+    if stream:
+        chunks = [c for c in client.completions.create(stream=True, **kw) if c.choices]
+        text = "".join(c.choices[0].text for c in chunks)
+        reasons = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+    else:
+        r = client.completions.create(**kw)
+        text, reasons = r.choices[0].text, [r.choices[0].finish_reason]
+    assert text == expected and stop not in text
+    assert reasons == ["stop"]
+
+
+def test_chat_stop_string(client: Any) -> None:
+    base = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=16, temperature=0)
+    content = base.choices[0].message.content
+    stop = content[3:6]
+    texts, reasons, _ = stream_chat(client, messages=MSG, max_tokens=16, temperature=0, stop=stop)
+    assert texts[0] == content[: content.index(stop)] and reasons[0] == ["stop"]
+
+
+def test_sampling_extensions_accepted(client: Any) -> None:
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=MSG,
+        max_tokens=4,
+        temperature=0.8,
+        top_p=0.9,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        seed=3,
+        extra_body={
+            "top_k": 20,
+            "min_p": 0.05,
+            "repetition_penalty": 1.2,
+            "ignore_eos": True,
+            "cache_salt": "tenant-a",
+        },
+    )
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
+
+
+def test_prefix_cache_reports_cached_tokens(client: Any) -> None:
+    prompt = "Repeat after me: " + "the quick brown fox jumps over the lazy dog. " * 6
+    client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+    assert r.usage.prompt_tokens_details.cached_tokens >= 16
+
+
+def test_tokenize_detokenize(server: Server, tokenizer: Any) -> None:
+    status, body = server.json("POST", "/tokenize", {"prompt": "Hello world"})
+    assert status == 200 and body["tokens"] == tokenizer("Hello world")["input_ids"]
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] == MAX_MODEL_LEN
+    status, body = server.json("POST", "/detokenize", {"tokens": body["tokens"]})
+    assert status == 200 and body["prompt"] == "Hello world"
+
+
+def test_health_ready_version(server: Server) -> None:
+    assert server.request("GET", "/health", key=None)[0] == 200
+    status, body = server.json("GET", "/ready", key=None)
+    assert status == 200 and body["status"] == "ready"
+    status, body = server.json("GET", "/version", key=None)
+    assert status == 200 and body["version"]
+
+
+def test_metrics_names(server: Server, client: Any) -> None:
+    client.completions.create(model=MODEL, prompt="Hi", max_tokens=3)
+    m = server.metrics()
+    for name in [
+        "fulcrum:num_requests_running",
+        "fulcrum:num_requests_waiting",
+        "fulcrum:kv_cache_usage_perc",
+        "fulcrum:prefix_cache_queries_total",
+        "fulcrum:prefix_cache_hits_total",
+        "fulcrum:num_preemptions_total",
+        "fulcrum:prompt_tokens_total",
+        "fulcrum:generation_tokens_total",
+        "fulcrum:time_to_first_token_seconds_count",
+        "fulcrum:inter_token_latency_seconds_count",
+        "fulcrum:e2e_request_latency_seconds_count",
+        "fulcrum:request_queue_time_seconds_count",
+        "fulcrum:kv_cache_blocks_total",
+        "fulcrum:kv_cache_blocks_free",
+    ]:
+        assert name in m, name
+    assert m["fulcrum:generation_tokens_total"] >= 3 and m["fulcrum:prompt_tokens_total"] > 0
+    assert m["fulcrum:time_to_first_token_seconds_count"] >= 1
+    assert m["fulcrum:kv_cache_blocks_total"] > 0
+
+
+def test_request_log(server: Server, client: Any) -> None:
+    client.with_options(default_headers={"X-Conversation-Id": "conv-42"}).chat.completions.create(
+        model=MODEL, messages=MSG, max_tokens=3, extra_body={"cache_salt": "salt-1"}
+    )
+    client.completions.create(model=MODEL, prompt="Log me", max_tokens=2, user="user-7")
+    with open(server.log_file) as f:
+        records = [json.loads(line) for line in f]
+    keys = {
+        "request_id",
+        "arrival_time",
+        "endpoint",
+        "model",
+        "prompt_token_ids",
+        "prompt",
+        "messages",
+        "num_prompt_tokens",
+        "num_output_tokens",
+        "num_cached_tokens",
+        "ttft_s",
+        "e2e_s",
+        "finish_reason",
+        "cache_salt",
+        "conversation_id",
+    }
+    assert all(set(r) == keys for r in records)
+    chat = next(r for r in records if r["conversation_id"] == "conv-42")
+    assert chat["endpoint"] == "chat" and chat["messages"][0]["content"] == MSG[0]["content"]
+    assert chat["cache_salt"] == "salt-1" and chat["num_output_tokens"] >= 1
+    assert chat["num_prompt_tokens"] == len(chat["prompt_token_ids"]) and chat["prompt"] is None
+    assert 0 <= chat["ttft_s"] <= chat["e2e_s"] and chat["finish_reason"] in ("stop", "length")
+    comp = next(r for r in records if r["conversation_id"] == "user-7")
+    assert comp["endpoint"] == "completions" and comp["prompt"] == "Log me"
+    assert comp["messages"] is None and comp["arrival_time"] > 1.6e9
