@@ -34,13 +34,18 @@ LPM_OVERLAP = 0.60
 CACHE_OVERLAP = 0.05
 SPEC_MIN_OUTPUT = 64
 SPEC_MAX_CONCURRENCY = 8.0
-DEFAULT_PREFILL_TPS = 8000.0  # tokens/s assumed when the log gives no TTFTs to fit
+DEFAULT_PREFILL_TPS = 8000.0
+DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"  # what `fulcrum serve` without --model serves  # tokens/s assumed when the log gives no TTFTs to fit
 
 
 @dataclass
 class Recommendation:
+    """``flags`` go into ``command``; ``pending_flags`` are advised but not accepted by this
+    build's ``fulcrum serve`` (the feature has not landed), so they stay out of it."""
+
     flags: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    pending_flags: list[str] = field(default_factory=list)
     mean_ttft_saved_s: float = 0.0
     total_prefill_saved_s: float = 0.0
     prefill_s_per_token: float = 0.0
@@ -181,8 +186,48 @@ def recommend(
         f"Estimated TTFT saved by the cache: {rec.mean_ttft_saved_s * 1000:.1f} ms per request "
         f"on average ({rec.prefill_s_per_token * 1e6:.1f} us per prompt token, {src})."
     )
-    rec.command = " ".join(["fulcrum", "serve", *([model] if model else []), *rec.flags])
+    _split_supported(rec, supported_serve_flags())
+    model_flag = ["--model", model] if model and model != DEFAULT_SERVED_NAME else []
+    rec.command = " ".join(["fulcrum", "serve", *model_flag, *rec.flags])
     return rec
+
+
+def supported_serve_flags() -> set[str] | None:
+    """Option strings ``fulcrum serve`` accepts in this build (None: server not installed)."""
+    import argparse
+
+    try:
+        from fulcrum.entrypoints.openai.cli_serve import add_parser
+    except ImportError:
+        return None
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    add_parser(sub)
+    serve = sub.choices.get("serve")
+    return set(serve._option_string_actions) if serve is not None else None
+
+
+def _split_supported(rec: Recommendation, supported: set[str] | None) -> None:
+    """Move flags (with their values) that ``fulcrum serve`` does not accept to pending."""
+    if supported is None:
+        return
+    kept: list[str] = []
+    current: list[str] = []
+    groups: list[list[str]] = []
+    for item in rec.flags:
+        if item.startswith("--"):
+            current = [item]
+            groups.append(current)
+        else:
+            current.append(item)
+    for g in groups:
+        (kept if g[0] in supported else rec.pending_flags).extend(g)
+    if rec.pending_flags:
+        rec.reasons.append(
+            "Not yet accepted by this build's fulcrum serve, so left out of the command: "
+            + " ".join(rec.pending_flags)
+        )
+    rec.flags = kept
 
 
 def _fmt_opt(x: float | None) -> str:

@@ -116,7 +116,7 @@ def _hf_model(args: argparse.Namespace) -> tuple[Any, Any]:
         path = args.model
     if args.load_format == "dummy":
         cfg = AutoConfig.from_pretrained(path)
-        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     elif path.endswith(".gguf"):
         model = AutoModelForCausalLM.from_pretrained(
             os.path.dirname(os.path.abspath(path)),
