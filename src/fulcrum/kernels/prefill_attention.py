@@ -22,16 +22,34 @@ Query blocks past a request's chunk exit at once, so the grid is
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
 
-# Launch parameters on CUDA (tuned on an H200 with benchmarks/kernels_bench.py) and in the
-# interpreter. BLOCK_M rows hold BLOCK_M // GROUP query tokens times GROUP heads.
-GPU_CONFIG: dict[str, int] = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}
+# Launch parameters (BLOCK_M rows hold BLOCK_M // GROUP query tokens times GROUP heads). The
+# large config was tuned on an H200 with benchmarks/kernels_bench.py and needs ~200 KB of shared
+# memory for 16-bit K/V at head_dim 128; fp32 caches and GPUs with less shared memory get the
+# small one; the interpreter gets small tiles.
+GPU_CONFIG: dict[str, int] = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3}
+GPU_SMALL_SMEM_CONFIG: dict[str, int] = {
+    "block_m": 128,
+    "block_n": 64,
+    "num_warps": 4,
+    "num_stages": 2,
+}
 INTERPRET_CONFIG: dict[str, int] = {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
+_LARGE_SMEM_BYTES = 220 * 1024
+
+
+@functools.cache
+def _gpu_config(device_index: int, head_dim: int, elem_size: int) -> dict[str, int]:
+    props = torch.cuda.get_device_properties(device_index)
+    smem = getattr(props, "shared_memory_per_block_optin", 0)
+    large = head_dim <= 128 and elem_size <= 2 and smem >= _LARGE_SMEM_BYTES
+    return GPU_CONFIG if large else GPU_SMALL_SMEM_CONFIG
 
 
 @triton.jit
@@ -145,7 +163,11 @@ def prefill_attention(
     if num_reqs == 0 or max_query_len == 0:
         return out
     group = num_heads // num_kv_heads
-    cfg = GPU_CONFIG if q.is_cuda else INTERPRET_CONFIG
+    if q.is_cuda:
+        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        cfg = _gpu_config(index, head_dim, kv_cache.element_size())
+    else:
+        cfg = INTERPRET_CONFIG
     block_m = max(cfg["block_m"], triton.next_power_of_2(group))
     block_q = block_m // group
     k_cache, v_cache = kv_cache[0], kv_cache[1]
