@@ -7,6 +7,13 @@ import os
 import pytest
 import torch
 
+from model_factory import make_tiny_model
+
+# Triton decides at import whether kernels run on the GPU or in its CPU interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
 
 @pytest.fixture(scope="session")
 def smollm_dir() -> str:
@@ -24,54 +31,6 @@ def smollm_tokenizer(smollm_dir):
     return AutoTokenizer.from_pretrained(smollm_dir)
 
 
-def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) -> str:
-    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | mistral) to ``path``."""
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        MistralConfig,
-        MistralForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
-
-    common = dict(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.15,
-    )
-    if arch == "llama":
-        cfg, cls = LlamaConfig(**common, tie_word_embeddings=False), LlamaForCausalLM
-    elif arch == "llama3":
-        rope = {
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
-            "rope_theta": 500000.0,
-        }
-        cfg = LlamaConfig(**common, rope_scaling=rope, tie_word_embeddings=True)
-        cls = LlamaForCausalLM
-    elif arch == "qwen2":
-        cfg, cls = Qwen2Config(**common, tie_word_embeddings=False), Qwen2ForCausalLM
-    elif arch == "mistral":
-        cfg, cls = MistralConfig(**common, sliding_window=None), MistralForCausalLM
-    else:
-        raise ValueError(arch)
-    torch.manual_seed(seed)
-    model = cls(cfg).eval()
-    if arch == "qwen2":  # make the qkv bias matter
-        with torch.no_grad():
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    proj.bias.normal_(0, 0.5)
-    model.save_pretrained(path, safe_serialization=True, max_shard_size="150KB" if shard else "5GB")
-    return path
-
-
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("tiny")
@@ -79,23 +38,3 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
         arch: make_tiny_model(str(root / arch), arch, shard=(arch == "llama"))
         for arch in ("llama", "llama3", "qwen2", "mistral")
     }
-
-
-def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """Reference: transformers' greedy generate, one prompt at a time, float32 on CPU."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    outs = []
-    for p in prompts:
-        ids = torch.tensor([p])
-        with torch.no_grad():
-            out = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                do_sample=False, pad_token_id=0,
-            )
-        outs.append(out[0, len(p):].tolist())
-    return outs
-
-
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

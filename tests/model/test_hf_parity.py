@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from conftest import hf_greedy
+from model_factory import hf_greedy
 from fulcrum import LLM, SamplingParams
 
 PROMPTS = [
@@ -57,7 +57,9 @@ def test_embedded_model_matches_hf(smol_llm, smol_prompts, smol_reference):
 
 
 def test_embedded_model_text_via_strings(smol_llm, smol_reference, smollm_tokenizer):
-    outs = smol_llm.generate(PROMPTS[:4], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)
+    outs = smol_llm.generate(
+        PROMPTS[:4], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False
+    )
     for o, ref in zip(outs, smol_reference[:4], strict=True):
         assert o.outputs[0].token_ids == ref
         assert o.outputs[0].text == smollm_tokenizer.decode(ref, skip_special_tokens=True)
@@ -65,8 +67,13 @@ def test_embedded_model_text_via_strings(smol_llm, smol_reference, smollm_tokeni
 
 def test_embedded_model_chunked_prefill_and_preemption(smol_prompts, smol_reference):
     # 7-token chunks and a pool of 12 blocks: prompts are chunked and requests get preempted.
-    llm = LLM(dtype="float32", device="cpu", max_num_batched_tokens=7, num_kv_blocks=12,
-              enable_prefix_caching=False)
+    llm = LLM(
+        dtype="float32",
+        device="cpu",
+        max_num_batched_tokens=7,
+        num_kv_blocks=12,
+        enable_prefix_caching=False,
+    )
     assert _greedy(llm, smol_prompts) == smol_reference
     assert llm.stats()["num_preemptions_total"] > 0
 

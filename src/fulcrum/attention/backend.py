@@ -21,7 +21,7 @@ Token ``p`` of request ``i`` lives in block ``block_tables[i, p // block_size]``
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +39,8 @@ class AttentionMetadata:
     # Host copies, for backends that split work on the CPU (the torch reference).
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
+    # Per-step scratch a backend may fill on the first layer and reuse on the others.
+    backend_cache: dict = field(default_factory=dict)
 
     @property
     def is_pure_decode(self) -> bool:

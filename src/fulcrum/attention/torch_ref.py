@@ -1,7 +1,9 @@
 """Reference paged attention in plain torch: runs on CPU and CUDA, defines correct behaviour.
 
 Decodes (query_len == 1) are batched into one SDPA call over the gathered blocks; each request
-with a longer query (a prefill chunk, or speculative tokens) gets its own causal SDPA call.
+with a longer query (a prefill chunk, or speculative tokens) gets its own causal SDPA call — on
+the new K/V directly when nothing is cached before it. Index tensors and masks are built once
+per step (on the first layer) and reused by the other layers.
 """
 
 from __future__ import annotations
@@ -34,46 +36,67 @@ def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int):
     return k.reshape(shape)[..., :length, :, :], v.reshape(shape)[..., :length, :, :]
 
 
+def _plan(meta: AttentionMetadata, device: torch.device) -> dict:
+    """Split the batch into one decode group and per-request prefills (cached on ``meta``)."""
+    plan = meta.backend_cache.get("torch_ref")
+    if plan is not None:
+        return plan
+    qsl, seq_lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
+    dec = [i for i in range(meta.num_reqs) if qsl[i + 1] - qsl[i] == 1]
+    plan = {"decode": None, "prefill": []}
+    if dec:
+        max_len = max(seq_lens[i] for i in dec)
+        lens = torch.tensor([seq_lens[i] for i in dec], device=device)
+        plan["decode"] = (
+            torch.tensor(dec, device=device),
+            torch.tensor([qsl[i] for i in dec], device=device),
+            max_len,
+            (torch.arange(max_len, device=device)[None, :] < lens[:, None])[:, None, None, :],
+        )
+    for i in range(meta.num_reqs):
+        start, end = qsl[i], qsl[i + 1]
+        qlen, length = end - start, seq_lens[i]
+        if qlen <= 1:
+            continue
+        prefix = length - qlen
+        mask = None
+        if prefix:  # row j (position prefix + j) sees keys 0..prefix + j
+            mask = torch.ones(qlen, length, dtype=torch.bool, device=device).tril(prefix)
+        plan["prefill"].append((i, start, end, length, mask))
+    meta.backend_cache["torch_ref"] = plan
+    return plan
+
+
 @register_backend("torch")
 class TorchAttentionBackend(AttentionBackend):
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         write_kv(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
-        qsl, seq_lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
-        decode_rows = [i for i in range(meta.num_reqs) if qsl[i + 1] - qsl[i] == 1]
+        plan = _plan(meta, q.device)
         gqa = self.num_heads != self.num_kv_heads
-        if decode_rows:
-            idx = torch.tensor(decode_rows, device=q.device)
-            tok = torch.tensor([qsl[i] for i in decode_rows], device=q.device)
-            lens = torch.tensor([seq_lens[i] for i in decode_rows], device=q.device)
-            max_len = max(seq_lens[i] for i in decode_rows)
+        if plan["decode"] is not None:
+            idx, tok, max_len, mask = plan["decode"]
             kk, vv = gather_kv(kv_cache, meta.block_tables[idx], max_len)  # [B, L, Hkv, D]
-            mask = torch.arange(max_len, device=q.device)[None, :] < lens[:, None]  # [B, L]
-            qq = q[tok].unsqueeze(2)  # [B, H, 1, D]
             o = F.scaled_dot_product_attention(
-                qq,
+                q[tok].unsqueeze(2),  # [B, H, 1, D]
                 kk.transpose(1, 2).to(q.dtype),
                 vv.transpose(1, 2).to(q.dtype),
-                attn_mask=mask[:, None, None, :],
+                attn_mask=mask,
                 scale=self.scale,
                 enable_gqa=gqa,
             )
             out[tok] = o.squeeze(2)
-        for i in range(meta.num_reqs):
-            start, end = qsl[i], qsl[i + 1]
-            qlen = end - start
-            if qlen <= 1:
-                continue
-            length = seq_lens[i]
-            kk, vv = gather_kv(kv_cache, meta.block_tables[i], length)  # [L, Hkv, D]
-            prefix = length - qlen
-            # Row j (position prefix + j) sees keys 0..prefix + j.
-            mask = torch.ones(qlen, length, dtype=torch.bool, device=q.device).tril(prefix)
+        for i, start, end, length, mask in plan["prefill"]:
+            if mask is None:  # nothing cached before this chunk: plain causal attention
+                kk, vv = k[start:end], v[start:end]
+            else:
+                kk, vv = gather_kv(kv_cache, meta.block_tables[i], length)  # [L, Hkv, D]
             o = F.scaled_dot_product_attention(
                 q[start:end].transpose(0, 1),
                 kk.transpose(0, 1).to(q.dtype),
                 vv.transpose(0, 1).to(q.dtype),
                 attn_mask=mask,
+                is_causal=mask is None,
                 scale=self.scale,
                 enable_gqa=gqa,
             )
