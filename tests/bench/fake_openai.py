@@ -4,7 +4,7 @@ It streams like OpenAI (``data: {json}\\n\\n`` ... ``data: [DONE]``, with ``usag
 chunk when ``stream_options.include_usage``), counts prompt tokens by whitespace (token-id
 prompts by length), answers ``max_tokens`` tokens " w0 w1 ..." after ``ttft_s`` with ``itl_s``
 between tokens, and exposes fulcrum-style ``/metrics``. Modes for error tests: ``html`` (a web
-page everywhere), ``fail_every=k`` (every k-th generation request answers HTTP 500).
+page everywhere), ``no_stream`` (plain JSON even when asked to stream), ``fail_every=k`` (every k-th generation request answers HTTP 500).
 
 Run alone: ``python tests/bench/fake_openai.py --port 8123`` (used by the cold-start test).
 """
@@ -31,7 +31,7 @@ MODEL = "fake-model"
 class FakeState:
     ttft_s: float = 0.005
     itl_s: float = 0.002
-    mode: str = "ok"  # "ok" | "html"
+    mode: str = "ok"  # "ok" | "html" | "no_stream" (ignores "stream": true)
     fail_every: int = 0
     send_usage: bool = True
     requests: int = 0
@@ -108,7 +108,7 @@ def make_app(state: FakeState) -> FastAPI:
             "completion_tokens": n_out,
             "total_tokens": n_prompt + n_out,
         }
-        if not body.get("stream"):
+        if not body.get("stream") or state.mode == "no_stream":
             await asyncio.sleep(state.ttft_s + state.itl_s * n_out)
             state.generation_tokens += n_out
             text = "".join(words)

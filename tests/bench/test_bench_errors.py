@@ -33,6 +33,12 @@ def test_non_openai_server(capsys) -> None:
     _one_line_error(rc, err, "fulcrum bench serve: error:", "not an OpenAI-compatible")
 
 
+def test_server_that_does_not_stream(capsys) -> None:
+    with FakeServer(FakeState(mode="no_stream")) as srv:
+        rc, _, err = run_cli(["bench", "serve", "--base-url", srv.url, "--disable-tqdm"], capsys)
+    _one_line_error(rc, err, "fulcrum bench serve: error:", "test request", "not an OpenAI stream")
+
+
 def test_bad_base_url(capsys) -> None:
     rc, _, err = run_cli(["bench", "serve", "--base-url", "localhost:8000"], capsys)
     _one_line_error(rc, err, "fulcrum bench serve: error:", "http://")

@@ -11,7 +11,8 @@ The thresholds are rules of thumb from how the engine spends a step:
   cannot stall running decodes for long.
 * **Batch limit** (``--max-num-seqs``): 1.5x the mean concurrency (Little's law: arrival rate x
   mean end-to-end latency, when the log has both), rounded up to a power of two in [16, 1024].
-* **Context limit** (``--max-model-len``): p99 prompt + p99 output, rounded up to a power of two.
+* **Context limit** (``--max-model-len``): longest prompt + longest output, rounded up to a power
+  of two (no request of the trace is rejected).
 * **Speculative decoding** pays when decode dominates (mean output >= 64 tokens) at low
   concurrency (<= 8 running): steps are bound by weight reads and idle compute is free.
   It costs throughput in large batches, where steps are already compute-heavy.
@@ -118,11 +119,13 @@ def recommend(
     )
     out = stats.output_len
     if stats.prompt_len.count and out.count:
-        mml = _pow2ceil(stats.prompt_len.p99 + out.p99)
+        longest = stats.prompt_len.max + out.max
+        mml = _pow2ceil(longest)
         rec.flags += ["--max-model-len", str(mml)]
         rec.reasons.append(
-            f"p99 prompt + p99 output = {stats.prompt_len.p99 + out.p99:.0f} tokens: "
-            f"--max-model-len {mml} bounds each request's KV reservation."
+            f"The longest prompt plus the longest output is {longest:.0f} tokens: "
+            f"--max-model-len {mml} admits every request of the trace and bounds each one's "
+            "KV reservation."
         )
 
     conc = None

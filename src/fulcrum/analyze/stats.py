@@ -98,7 +98,8 @@ def fit_prefill_rate(records: list[TraceRecord]) -> float | None:
     """Seconds of TTFT per computed prompt token, fitted on the log (None without data).
 
     Least squares of ``ttft = a + b * (prompt - cached)``; needs at least 8 requests with a
-    TTFT and some spread in computed lengths, and a positive slope.
+    TTFT, some spread in computed lengths, a positive slope and a correlation of at least 0.5
+    (TTFTs dominated by queueing say nothing about prefill speed).
     """
     pts = [
         (r.num_prompt_tokens - (r.num_cached_tokens or 0), r.ttft_s)
@@ -110,6 +111,8 @@ def fit_prefill_rate(records: list[TraceRecord]) -> float | None:
     x = np.asarray([p[0] for p in pts], dtype=np.float64)
     y = np.asarray([p[1] for p in pts], dtype=np.float64)
     if x.std() < 1.0:
+        return None
+    if y.std() == 0 or float(np.corrcoef(x, y)[0, 1]) < 0.5:
         return None
     b = float(np.polyfit(x, y, 1)[0])
     return b if b > 0 else None
