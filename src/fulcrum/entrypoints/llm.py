@@ -95,7 +95,11 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; returns one ``RequestOutput`` per prompt, in order."""
+        """Generate for every prompt; returns one ``RequestOutput`` per prompt, in order.
+
+        A prompt is a string, a list of token ids, or a dict with ``prompt`` or
+        ``prompt_token_ids`` and optionally ``cache_salt`` (prefix-cache namespace per tenant).
+        """
         items = self._normalize(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -123,9 +127,10 @@ class LLM:
 
     def _add(self, prompt: Prompt, sp: SamplingParams) -> str:
         text, ids = self._tokenize(prompt)
+        salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         rid = str(next(self._ids))
         wire = to_wire(sp, len(ids), self.max_model_len)
-        self.core.add_request(EngineCoreRequest(rid, ids, wire, time.time()))
+        self.core.add_request(EngineCoreRequest(rid, ids, wire, time.time(), cache_salt=salt))
         self.processor.add_request(rid, text, ids, sp, time.time(), stream=False)
         return rid
 
