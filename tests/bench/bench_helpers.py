@@ -1,7 +1,8 @@
-"""Consistency checks of a ``bench serve`` results file, shared by the stub and server tests."""
+"""Helpers shared by the stub and real-server tests: CLI runner, results and PNG checks."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import struct
@@ -9,7 +10,15 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fulcrum.entrypoints.cli import main
+
+SERVER_BUILT = importlib.util.find_spec("fulcrum.entrypoints.openai.cli_serve") is not None
+needs_real_server = pytest.mark.skipif(
+    not SERVER_BUILT,
+    reason="fulcrum serve is not built yet (fulcrum.entrypoints.openai.cli_serve is missing)",
+)
 
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,14 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from bench_helpers import SERVER_BUILT
 from fake_openai import FakeServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
-SERVER_BUILT = importlib.util.find_spec("fulcrum.entrypoints.openai.cli_serve") is not None
-needs_real_server = pytest.mark.skipif(
-    not SERVER_BUILT,
-    reason="fulcrum serve is not built yet (fulcrum.entrypoints.openai.cli_serve is missing)",
-)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from checks import run_cli
+from bench_helpers import run_cli
 from fake_openai import FakeServer, FakeState, free_port
 
 HERE = Path(__file__).resolve().parent

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
-from checks import run_cli
+from bench_helpers import run_cli
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("fulcrum.entrypoints.llm") is None, reason="fulcrum.LLM not built"

@@ -11,9 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from checks import check_png, check_results, run_cli
-
-from conftest import needs_real_server
+from bench_helpers import check_png, check_results, needs_real_server, run_cli
 
 pytestmark = needs_real_server
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from checks import check_png, check_results, run_cli
+from bench_helpers import check_png, check_results, run_cli
 from fake_openai import FakeServer, FakeState
 
 COMMON = ["--disable-tqdm", "--num-warmups", "1"]
