@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from model_factory import hf_greedy
 from fulcrum import LLM, SamplingParams
+from model_factory import hf_greedy
 
 PROMPTS = [
     "The capital of France is",

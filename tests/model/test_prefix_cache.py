@@ -53,12 +53,14 @@ def test_multi_turn_reuses_previous_turn(tiny_models):
     conv = [rng.randrange(3, 320) for _ in range(40)]
     ref_llm = LLM(tiny_models["llama"], device="cpu", dtype="float32", block_size=4,
                   enable_prefix_caching=False)
-    for _turn in range(3):
+    prev_len = 0
+    for turn in range(3):
         out = llm.generate([conv], GREEDY, use_tqdm=False)[0]
         ref = ref_llm.generate([conv], GREEDY, use_tqdm=False)[0]
         assert out.outputs[0].token_ids == ref.outputs[0].token_ids
-        if _turn:
-            # The previous turn's prompt and answer are cached (whole blocks).
+        if turn:
+            # The previous turn's prompt and answer are cached (whole blocks; the answer's last
+            # token was sampled but never run through the model).
             assert out.num_cached_tokens >= (prev_len // 4) * 4 - 4
         conv = conv + out.outputs[0].token_ids + [rng.randrange(3, 320) for _ in range(7)]
         prev_len = len(conv) - 7

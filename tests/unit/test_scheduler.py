@@ -35,24 +35,39 @@ def _run(sched: Scheduler, max_steps: int = 10_000) -> dict[str, list[int]]:
 
 def _sched(blocks=40, budget=16, seqs=8, bs=4, prefix=True, policy="fcfs") -> Scheduler:
     return Scheduler(
-        SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=budget, max_model_len=128,
-                        schedule_policy=policy),
+        SchedulerConfig(
+            max_num_seqs=seqs,
+            max_num_batched_tokens=budget,
+            max_model_len=128,
+            schedule_policy=policy,
+        ),
         CacheConfig(block_size=bs, enable_prefix_caching=prefix),
-        num_blocks=blocks, vocab_size=64, eos_token_ids={0},
+        num_blocks=blocks,
+        vocab_size=64,
+        eos_token_ids={0},
     )
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(1, 40), st.integers(1, 20), st.integers(1, 3)), min_size=1, max_size=12),
-    st.integers(4, 24), st.integers(1, 6), st.booleans(), st.sampled_from(["fcfs", "lpm"]),
+    st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 20), st.integers(1, 3)),
+        min_size=1,
+        max_size=12,
+    ),
+    st.integers(4, 24),
+    st.integers(1, 6),
+    st.booleans(),
+    st.sampled_from(["fcfs", "lpm"]),
 )
 def test_every_request_finishes_with_its_length(reqs, budget, seqs, prefix, policy):
     sched = _sched(blocks=30, budget=budget, seqs=seqs, prefix=prefix, policy=policy)
     rng = random.Random(0)
     for i, (plen, max_tokens, n) in enumerate(reqs):
         prompt = [rng.randrange(1, 4) for _ in range(plen)]
-        sched.add_request(EngineCoreRequest(str(i), prompt, WireSamplingParams(n=n, max_tokens=max_tokens)))
+        sched.add_request(
+            EngineCoreRequest(str(i), prompt, WireSamplingParams(n=n, max_tokens=max_tokens))
+        )
     outputs = _run(sched)
     for i, (_, max_tokens, n) in enumerate(reqs):
         for j in range(n):
@@ -67,7 +82,9 @@ def test_abort_frees_blocks_within_a_step():
     sched.add_request(EngineCoreRequest("b", list(range(1, 10)), WireSamplingParams(max_tokens=50)))
     for _ in range(5):
         out = sched.schedule()
-        sched.update(out, [5] * sum(r.num_computed_tokens + n == r.num_tokens for r, n in out.scheduled))
+        sched.update(
+            out, [5] * sum(r.num_computed_tokens + n == r.num_tokens for r, n in out.scheduled)
+        )
     sched.abort_requests(["a", "b"])
     assert sched.kv.num_available == sched.kv.num_blocks
     outs = sched.update(sched.schedule(), [])
@@ -79,7 +96,9 @@ def test_shared_prefix_in_one_step_is_computed_once():
     sched = _sched(blocks=64, budget=256, bs=4)
     shared = list(range(1, 33))
     for i in range(4):
-        sched.add_request(EngineCoreRequest(str(i), shared + [40 + i] * 3, WireSamplingParams(max_tokens=2)))
+        sched.add_request(
+            EngineCoreRequest(str(i), shared + [40 + i] * 3, WireSamplingParams(max_tokens=2))
+        )
     first = sched.schedule()
     assert len(first.scheduled) == 1  # the others wait for the shared prefix
     sched.update(first, [5])

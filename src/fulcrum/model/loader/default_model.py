@@ -25,8 +25,8 @@ def default_model_path() -> str:
 
 def load_default_tokenizer():
     """The embedded model's tokenizer (through the converted cache, so it is fast after once)."""
-    from fulcrum.model.loader.gguf_loader import convert_gguf
-
     from transformers import AutoTokenizer
+
+    from fulcrum.model.loader.gguf_loader import convert_gguf
 
     return AutoTokenizer.from_pretrained(convert_gguf(default_model_path()))

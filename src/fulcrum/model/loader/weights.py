@@ -37,8 +37,7 @@ def _safetensors_files(path: str) -> list[str]:
 
 
 def iter_safetensors(path: str):
-    from safetensors import safe_open
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError, safe_open
 
     for f in _safetensors_files(path):
         try:
@@ -75,7 +74,7 @@ def load_model(
     finally:
         torch.set_default_dtype(old)
     # Buffers (the rotary cache) stay float32.
-    for name, buf in model.named_buffers():
+    for buf in model.buffers():
         if buf.is_floating_point():
             buf.data = buf.data.float()
     if mc.load_format == "dummy":
