@@ -173,7 +173,7 @@ def render(report: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         report = analyze(args)
-    except (TraceError, ValueError) as e:
+    except (TraceError, ValueError, OSError) as e:
         print(f"fulcrum analyze: error: {e}", file=sys.stderr)
         return 2
     if args.json:

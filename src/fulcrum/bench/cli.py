@@ -14,7 +14,7 @@ def _plot(args: argparse.Namespace) -> int:
     try:
         docs = [read_results(path) for path in args.results]
         plot_results(docs, args.output, args.title)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         print(f"fulcrum bench plot: error: {e}", file=sys.stderr)
         return 2
     print(f"plot: {args.output}")

@@ -256,6 +256,6 @@ async def _bench(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_bench(args))
-    except (ServerError, ValueError) as e:
+    except (ServerError, ValueError, OSError) as e:
         print(f"fulcrum bench serve: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
