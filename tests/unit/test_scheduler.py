@@ -118,3 +118,20 @@ def test_bad_requests_name_the_field():
         sched.add_request(EngineCoreRequest("z", [], WireSamplingParams()))
     with pytest.raises(ValueError, match="prompt"):  # needs more blocks than the pool has
         sched.add_request(EngineCoreRequest("w", [1] * 20, WireSamplingParams()))
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+def test_n_sequences_share_one_prefill(prefix):
+    sched = _sched(blocks=64, budget=512, bs=4, prefix=prefix)
+    sched.add_request(EngineCoreRequest("p", list(range(1, 34)), WireSamplingParams(n=4, max_tokens=3)))
+    computed = 0
+    for _ in range(50):
+        if not sched.has_unfinished():
+            break
+        out = sched.schedule()
+        computed += sum(n for r, n in out.scheduled if not r.prefill_done or r.num_computed_tokens + n <= r.num_prompt_tokens)
+        sampled = [7 for r, n in out.scheduled if r.num_computed_tokens + n == r.num_tokens]
+        sched.update(out, sampled)
+    # 33 prompt tokens once, then only the last token for each of the three siblings.
+    assert computed == 33 + 3
+    assert sched.kv.num_available == sched.kv.num_blocks

@@ -1,0 +1,67 @@
+"""Sampling through the whole engine on the embedded model: seeds, n, logprobs, stops."""
+
+from __future__ import annotations
+
+import pytest
+
+from fulcrum import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(device="cpu", dtype="float32", kv_cache_memory=0.25)
+
+
+PROMPTS = ["Tell me a story about a dragon.", "List three fruits:", "Why is the sky blue?"]
+
+
+def test_seed_reproducible_whatever_the_batch(llm):
+    sp = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=16)
+    alone = llm.generate([PROMPTS[0]], sp, use_tqdm=False)[0].outputs[0].token_ids
+    others = SamplingParams(temperature=0.8, max_tokens=20)
+    batch = llm.generate(PROMPTS[1:] + [PROMPTS[0]], [others, others, sp], use_tqdm=False)
+    assert batch[2].outputs[0].token_ids == alone
+    different = llm.generate([PROMPTS[0]], SamplingParams(temperature=1.0, top_p=0.9, seed=99,
+                                                          max_tokens=16), use_tqdm=False)
+    assert different[0].outputs[0].token_ids != alone
+
+
+def test_n_outputs_and_logprobs(llm):
+    sp = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, logprobs=20)
+    out = llm.generate(PROMPTS[1], sp, use_tqdm=False)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    for c in out.outputs:
+        assert len(c.logprobs) == len(c.token_ids)
+        for tok, entry in zip(c.token_ids, c.logprobs, strict=True):
+            assert tok in entry and len(entry) in (20, 21)
+            assert all(v.logprob <= 0.0 for v in entry.values())
+        assert c.cumulative_logprob == pytest.approx(
+            sum(e[t].logprob for t, e in zip(c.token_ids, c.logprobs, strict=True)), abs=1e-4)
+
+
+def test_stop_string_excluded_and_stop_token(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=40)
+    full = llm.generate(PROMPTS[1], greedy, use_tqdm=False)[0].outputs[0]
+    # Pick a stop string from the middle of the greedy text (spanning tokens where possible).
+    text = full.text
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    cut = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=40, stop=[stop]),
+                       use_tqdm=False)[0].outputs[0]
+    assert cut.finish_reason == "stop" and cut.stop_reason == stop
+    assert cut.text == text[: text.index(stop)]
+    tok = full.token_ids[3]
+    by_id = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=40,
+                                                    stop_token_ids=[tok]), use_tqdm=False)[0]
+    out = by_id.outputs[0]
+    assert out.finish_reason == "stop" and out.token_ids[-1] == tok
+    assert len(out.token_ids) == full.token_ids.index(tok) + 1
+
+
+def test_length_and_ignore_eos(llm):
+    out = llm.generate(PROMPTS[2], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+                       use_tqdm=False)
+    assert out[0].outputs[0].finish_reason == "length" and len(out[0].outputs[0].token_ids) == 5
+    long = llm.chat([{"role": "user", "content": "Say hi."}],
+                    SamplingParams(temperature=0, max_tokens=60, ignore_eos=True), use_tqdm=False)
+    assert len(long[0].outputs[0].token_ids) == 60
