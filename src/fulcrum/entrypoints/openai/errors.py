@@ -119,7 +119,7 @@ def engine_dead(message: str | None = None) -> OpenAIError:
 def value_error(e: ValueError) -> OpenAIError:
     """A ``ValueError`` whose message starts with the offending field name (SamplingParams style)."""
     msg = str(e)
-    first = msg.split(" ", 1)[0]
+    first = msg.split(" ", 1)[0].rstrip(":")
     param = first if first.isidentifier() else None
     return bad_request(msg, param)
 

@@ -1,0 +1,169 @@
+"""Every error path: OpenAI body, right status (400 never 422/500), through client and raw HTTP."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+from srv_helpers import MAX_MODEL_LEN, MAX_REQUEST_BYTES, MODEL, Server
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def assert_error(status: int, body: bytes, expected: int, param: str | None = "") -> dict[str, Any]:
+    assert status == expected, body
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param != "":
+        assert err["param"] == param, err
+    return err
+
+
+BAD_CHAT = [
+    ({"temperature": 2.5}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"n": 17}, "n"),
+    ({"n": 0}, "n"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": MAX_MODEL_LEN}, "max_tokens"),
+    ({"max_completion_tokens": MAX_MODEL_LEN * 4}, "max_tokens"),
+    ({"presence_penalty": 3}, "presence_penalty"),
+    ({"frequency_penalty": -2.5}, "frequency_penalty"),
+    ({"stop": [""]}, "stop"),
+    ({"stop": ["x"] * 17}, "stop"),
+    ({"seed": 2**64}, "seed"),
+    ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, ""),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, ""),
+    ({"stop_token_ids": [10**9]}, "stop_token_ids"),
+    ({"min_tokens": 50, "max_tokens": 10}, "min_tokens"),
+    ({"top_k": -5}, "top_k"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"chat_template": "{{ messages }}"}, "chat_template"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+]
+
+
+@pytest.mark.parametrize(("extra", "param"), BAD_CHAT)
+def test_chat_validation_is_400(server: Server, extra: dict[str, Any], param: str | None) -> None:
+    body = {"model": MODEL, "messages": MSG, "max_tokens": 4, **extra}
+    status, data, _ = server.request("POST", "/v1/chat/completions", body)
+    err = assert_error(status, data, 400, param)
+    assert err["type"] == "invalid_request_error"
+
+
+BAD_COMPLETION = [
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [[]]}, ""),
+    ({"prompt": [1, -3]}, "prompt"),
+    ({"prompt": [10**7]}, "prompt"),
+    ({"prompt": 5}, ""),
+    ({"logprobs": 21}, "logprobs"),
+    ({"best_of": 3}, "best_of"),
+    ({"suffix": "end"}, "suffix"),
+    ({"max_tokens": -1}, "max_tokens"),
+    ({"prompt": ["a"] * 300}, "prompt"),
+]
+
+
+@pytest.mark.parametrize(("extra", "param"), BAD_COMPLETION)
+def test_completion_validation_is_400(
+    server: Server, extra: dict[str, Any], param: str | None
+) -> None:
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 4, **extra}
+    status, data, _ = server.request("POST", "/v1/completions", body)
+    assert_error(status, data, 400, param)
+
+
+def test_prompt_over_context_says_limit_and_counts(server: Server, client: Any) -> None:
+    prompt = "hello " * (MAX_MODEL_LEN + 50)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=4)
+    msg = e.value.body["message"] if isinstance(e.value.body, dict) else str(e.value)
+    assert str(MAX_MODEL_LEN) in msg and "input tokens" in msg
+    assert e.value.status_code == 400
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=MAX_MODEL_LEN)
+    assert f"{MAX_MODEL_LEN} tokens" in str(e.value) and "in the messages" in str(e.value)
+
+
+def test_malformed_bodies_are_400(server: Server) -> None:
+    for raw in [b"{not json", b"[]", b"null", b'"text"', b"", b'{"messages": "hi"}']:
+        status, data, _ = server.request("POST", "/v1/chat/completions", raw=raw)
+        assert_error(status, data, 400)
+    status, data, _ = server.request(
+        "POST", "/v1/completions", raw=b'{"prompt": "x"', headers={"Content-Type": "text/plain"}
+    )
+    assert_error(status, data, 400)
+
+
+def test_client_bad_request(client: Any) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=MSG, temperature=5)
+    assert e.value.body["param"] == "temperature"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/v1/models", None),
+        ("GET", f"/v1/models/{MODEL}", None),
+        ("POST", "/v1/chat/completions", {"model": MODEL, "messages": MSG}),
+        ("POST", "/v1/completions", {"model": MODEL, "prompt": "x"}),
+        ("POST", "/tokenize", {"prompt": "x"}),
+        ("POST", "/detokenize", {"tokens": [1]}),
+        ("GET", "/v1/nonexistent", None),
+    ],
+)
+def test_api_key_required(server: Server, method: str, path: str, body: Any) -> None:
+    for key in (None, "wrong-key"):
+        status, data, headers = server.request(method, path, body, key=key)
+        err = assert_error(status, data, 401)
+        assert err["code"] == "invalid_api_key"
+
+
+def test_api_key_via_client_and_open_probes(server: Server) -> None:
+    bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    for path in ("/health", "/ready", "/metrics", "/version"):
+        assert server.request("GET", path, key=None)[0] == 200, path
+
+
+def test_unknown_model_and_route_are_404(server: Server, client: Any) -> None:
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-17", messages=MSG)
+    assert e.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-17", prompt="x")
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-17")
+    status, data, _ = server.request("GET", "/v1/nope")
+    assert_error(status, data, 404)
+    status, data, _ = server.request("POST", "/tokenize", {"model": "gpt-17", "prompt": "x"})
+    assert_error(status, data, 404, "model")
+
+
+def test_body_over_limit_is_413(server: Server, client: Any) -> None:
+    big = {"model": MODEL, "prompt": "x" * (MAX_REQUEST_BYTES + 10)}
+    status, data, _ = server.request("POST", "/v1/completions", big)
+    err = assert_error(status, data, 413)
+    assert str(MAX_REQUEST_BYTES) in err["message"]
+    with pytest.raises(openai.APIStatusError) as e:
+        client.completions.create(model=MODEL, prompt="y" * (MAX_REQUEST_BYTES + 10))
+    assert e.value.status_code == 413
+
+
+def test_detokenize_out_of_vocab_is_400(server: Server) -> None:
+    status, data, _ = server.request("POST", "/detokenize", {"tokens": [1, 10**8]})
+    assert_error(status, data, 400, "tokens")
+    status, data, _ = server.request("POST", "/tokenize", {})
+    assert_error(status, data, 400)
