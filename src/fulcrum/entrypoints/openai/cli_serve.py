@@ -125,7 +125,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from fulcrum.entrypoints.openai.api_server import DrainingServer, build_app
     from fulcrum.entrypoints.openai.serving_base import ServeOptions, ServerState
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("fulcrum").setLevel(args.log_level.upper())
     engine_args = EngineArgs.from_cli_args(args)
     names = args.served_model_name or [args.model or DEFAULT_MODEL_NAME]
     options = ServeOptions(

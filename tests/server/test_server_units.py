@@ -1,0 +1,157 @@
+"""Pieces of the server that need no model: template sandbox, SSE, metrics, middleware."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from fulcrum.engine.protocol import SchedulerStats
+from fulcrum.entrypoints.openai.chat_template import ChatTemplateError, render_chat
+from fulcrum.entrypoints.openai.errors import OpenAIError, install_error_handlers
+from fulcrum.entrypoints.openai.metrics import ServerMetrics
+from fulcrum.entrypoints.openai.middleware import ServerGuard
+from fulcrum.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from fulcrum.entrypoints.openai.serving_base import ServeOptions, ServerState
+from fulcrum.entrypoints.openai.sse import DONE, completion_logprobs, sse_error, sse_event
+
+TPL = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_render_chat() -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    assert render_chat(TPL, msgs) == "<user>hi<assistant>"
+    assert render_chat(TPL, msgs, add_generation_prompt=False) == "<user>hi"
+    assert render_chat(
+        "{{ bos_token }}{{ messages | tojson }}", msgs, special_tokens={"bos_token": "<s>"}
+    ).startswith('<s>[{"role"')
+
+
+@pytest.mark.parametrize(
+    "tpl",
+    [
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ messages.__class__.__init__.__globals__ }}",
+        "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+        "{% for m in messages %}{{ m.content.format_map(m) }}",
+        "{{ raise_exception('no system messages') }}",
+        "{{ messages.append(1) }}",
+    ],
+)
+def test_sandbox_rejects_escapes(tpl: str) -> None:
+    with pytest.raises(ChatTemplateError):
+        render_chat(tpl, [{"role": "user", "content": "x"}])
+
+
+def test_sse_framing() -> None:
+    assert sse_event({"a": 1}) == b'data: {"a":1}\n\n'
+    assert DONE == b"data: [DONE]\n\n"
+    body = json.loads(sse_error(OpenAIError("boom", 503, "service_unavailable_error"))[6:])
+    assert body["error"]["message"] == "boom" and body["error"]["status"] == 503
+
+
+def test_completion_logprobs_offsets() -> None:
+    class Tok:
+        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+            return "".join(chr(96 + i) for i in ids)
+
+    lp = completion_logprobs([1, 2], None, 0, Tok(), 5, prompt_token_ids=[3])
+    assert lp["tokens"] == ["c", "a", "b"] and lp["text_offset"] == [5, 6, 7]
+    assert lp["token_logprobs"][0] is None
+
+
+def test_protocol_models() -> None:
+    r = ChatCompletionRequest.model_validate(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                }
+            ],
+            "unknown_field": 1,
+        }
+    )
+    assert r.messages[0].text() == "ab" and r.n == 1 and r.temperature == 1.0
+    c = CompletionRequest.model_validate({"prompt": [[1, 2], [3]]})
+    assert c.prompt == [[1, 2], [3]] and c.max_tokens == 16
+    with pytest.raises(ValueError):
+        ChatCompletionRequest.model_validate_json('{"messages": [], "temperature": NaN}')
+
+
+def test_metrics_registry() -> None:
+    m = ServerMetrics("m")
+    m.on_stats(
+        SchedulerStats(
+            num_running=2,
+            num_blocks_total=10,
+            num_blocks_free=7,
+            prefix_cache_queries=30,
+            prefix_cache_hits=12,
+        )
+    )
+    m.on_prompt(5)
+    m.on_tokens(3)
+    m.on_first_token(0.1)
+    m.on_inter_token(0.02)
+    m.on_finished("length", 1.0, 0.05, 5, 3)
+    text = m.render().decode()
+    for line in [
+        'fulcrum:num_requests_running{model_name="m"} 2.0',
+        'fulcrum:kv_cache_blocks_free{model_name="m"} 7.0',
+        'fulcrum:prefix_cache_hits_total{model_name="m"} 12.0',
+        'fulcrum:prompt_tokens_total{model_name="m"} 5.0',
+        'fulcrum:generation_tokens_total{model_name="m"} 3.0',
+        'fulcrum:time_to_first_token_seconds_count{model_name="m"} 1.0',
+        'fulcrum:request_queue_time_seconds_count{model_name="m"} 1.0',
+    ]:
+        assert line in text, line
+
+
+def _guarded_app(**opts: object) -> tuple[FastAPI, ServerState]:
+    state = ServerState(ServeOptions(served_model_names=["m"], **opts))  # type: ignore[arg-type]
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/v1/echo")
+    async def echo(request: Request) -> JSONResponse:
+        return JSONResponse({"n": len(await request.body())})
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({})
+
+    app.add_middleware(ServerGuard, state=state)
+    return app, state
+
+
+def test_guard_key_limit_and_drain() -> None:
+    from starlette.testclient import TestClient
+
+    app, state = _guarded_app(api_key="k", max_request_bytes=100)
+    with TestClient(app) as c:
+        auth = {"Authorization": "Bearer k"}
+        assert c.post("/v1/echo", content=b"x").status_code == 401
+        assert (
+            c.post("/v1/echo", content=b"x", headers={"Authorization": "Bearer z"}).status_code
+            == 401
+        )
+        assert c.post("/v1/echo", content=b"x" * 100, headers=auth).json() == {"n": 100}
+        r = c.post("/v1/echo", content=b"x" * 101, headers=auth)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+        def chunks():  # no Content-Length: the limit still holds
+            for _ in range(5):
+                yield b"x" * 30
+
+        assert c.post("/v1/echo", content=chunks(), headers=auth).status_code == 413
+        assert c.get("/health").status_code == 200
+        state.draining = True
+        assert c.post("/v1/echo", content=b"x", headers=auth).status_code == 503
+        assert c.get("/health").status_code == 200
+        assert state.in_flight_http == 0
