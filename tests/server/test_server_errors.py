@@ -105,6 +105,16 @@ def test_malformed_bodies_are_400(server: Server) -> None:
     assert_error(status, data, 400)
 
 
+def test_lone_surrogates_are_400(server: Server) -> None:
+    for path, body in [
+        ("/v1/completions", {"prompt": "a\ud800", "max_tokens": 2}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udfff"}]}),
+        ("/tokenize", {"prompt": "\ud800"}),
+    ]:
+        status, data, _ = server.request("POST", path, body)
+        assert_error(status, data, 400)
+
+
 def test_client_bad_request(client: Any) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=MSG, temperature=5)

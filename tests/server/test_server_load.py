@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any
 
 import openai
 from srv_helpers import API_KEY, MODEL, Server, wait_idle
@@ -81,15 +80,17 @@ def test_disconnects_free_kv_blocks_and_spare_the_others(server: Server) -> None
 
 
 def test_nonstreaming_disconnect_is_aborted(server: Server) -> None:
+    before = server.metrics()["fulcrum:generation_tokens_total"]
+
     async def main() -> None:
         client = openai.AsyncOpenAI(
-            base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=1.5
+            base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=2.0
         )
         try:
             await client.completions.create(
                 model=MODEL,
                 prompt="Write a long story.",
-                max_tokens=800,
+                max_tokens=1000,
                 extra_body={"ignore_eos": True},
             )
         except openai.APITimeoutError:
@@ -98,11 +99,6 @@ def test_nonstreaming_disconnect_is_aborted(server: Server) -> None:
             await client.close()
 
     asyncio.run(main())
-    m = wait_idle(server, timeout=60)
-    assert m["fulcrum:num_requests_running"] == 0
-    # The request was cut short: far fewer than 800 tokens were generated for it.
-    assert server.metrics()["fulcrum:request_success_total"] >= 0
-
-
-def _unused(_: Any) -> None:  # keeps Any imported for type hints above
-    pass
+    wait_idle(server, timeout=60)
+    # Idle long before the 1000 tokens it asked for: the hang-up aborted it.
+    assert server.metrics()["fulcrum:generation_tokens_total"] - before < 1000

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fulcrum.engine.core_client import CoreClient, CoreDead, CoreFactory, RequestError
+from fulcrum.engine.output_processor import OutputProcessor
 from fulcrum.engine.outputs import RequestMetrics, RequestOutput
 from fulcrum.engine.protocol import (
     EngineCoreOutput,
@@ -38,24 +40,6 @@ logger = logging.getLogger(__name__)
 
 class EngineDeadError(RuntimeError):
     """The core process is gone; every in-flight and future request fails with this."""
-
-
-class OutputProcessorLike(Protocol):
-    def add_request(
-        self,
-        request_id: str,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        arrival_time: float,
-        stream: bool,
-    ) -> None: ...
-
-    def process_outputs(
-        self, outputs: list[EngineCoreOutput]
-    ) -> tuple[list[RequestOutput], list[str]]: ...
-
-    def abort_request(self, request_id: str) -> None: ...
 
 
 class StatsSink(Protocol):
@@ -114,7 +98,7 @@ class AsyncEngine:
     def __init__(
         self,
         client: CoreClient,
-        processor: OutputProcessorLike,
+        processor: OutputProcessor,
         *,
         tokenizer: Any = None,
         max_model_len: int,
@@ -130,6 +114,7 @@ class AsyncEngine:
         self.vocab_size = vocab_size
         self.stats_sink = stats_sink
         self.stats = SchedulerStats()
+        self._last_step_end = 0.0  # core timestamp of the previous outputs message
         self.dead: str | None = None
         self._states: dict[str, _RequestState] = {}
         self._task: asyncio.Task[None] | None = None
@@ -142,17 +127,24 @@ class AsyncEngine:
         processor_factory: Any,
         *,
         tokenizer: Any = None,
+        load_tokenizer: Callable[[], Any] | None = None,
         max_model_len: int = 0,
         vocab_size: int = 0,
         stats_sink: StatsSink | None = None,
         model_config: Any = None,
         startup_timeout: float = 600.0,
     ) -> AsyncEngine:
-        """Spawn the core process, wait for its handshake and start the output handler."""
+        """Spawn the core process, wait for its handshake (loading the tokenizer meanwhile, if
+        ``load_tokenizer`` is given) and start the output handler."""
         client = CoreClient(factory)
         client.start()
         try:
-            ready = await client.wait_ready(startup_timeout)
+            if load_tokenizer is not None:
+                tokenizer, ready = await asyncio.gather(
+                    asyncio.to_thread(load_tokenizer), client.wait_ready(startup_timeout)
+                )
+            else:
+                ready = await client.wait_ready(startup_timeout)
         except BaseException:
             client.shutdown()
             raise
@@ -177,30 +169,21 @@ class AsyncEngine:
     async def from_engine_args(
         cls, engine_args: Any, *, stats_sink: StatsSink | None = None
     ) -> AsyncEngine:
-        """Resolve the config here, load the tokenizer here and the model in the core process."""
+        """Resolve the config here; the core process loads the model while we load the tokenizer."""
         from fulcrum.engine.core_client import EngineCoreFactory
-        from fulcrum.engine.output_processor import OutputProcessor
         from fulcrum.model.loader.tokenizer import load_tokenizer
 
         config = await asyncio.to_thread(engine_args.create_engine_config)
         mc = config.model_config
-        client_factory = EngineCoreFactory(config)
-        # The core loads weights while this process loads the tokenizer.
-        tok_task = asyncio.create_task(asyncio.to_thread(load_tokenizer, mc))
-        try:
-            engine = await cls.start(
-                client_factory,
-                OutputProcessor,
-                tokenizer=await tok_task,
-                max_model_len=mc.max_model_len,
-                vocab_size=mc.vocab_size,
-                stats_sink=stats_sink,
-                model_config=mc,
-            )
-        finally:
-            if not tok_task.done():
-                tok_task.cancel()
-        return engine
+        return await cls.start(
+            EngineCoreFactory(config),
+            OutputProcessor,
+            load_tokenizer=functools.partial(load_tokenizer, mc),
+            max_model_len=mc.max_model_len,
+            vocab_size=mc.vocab_size,
+            stats_sink=stats_sink,
+            model_config=mc,
+        )
 
     async def shutdown(self) -> None:
         """Stop the output handler and the core process (idempotent)."""
@@ -322,18 +305,23 @@ class AsyncEngine:
     def _handle_outputs(self, msg: EngineCoreOutputs) -> None:
         now = time.time()
         if msg.outputs:
-            self._observe(msg.outputs, now)
+            self._observe(msg.outputs, now, self._last_step_end)
             request_outputs, to_abort = self.processor.process_outputs(msg.outputs)
             for ro in request_outputs:
                 self._deliver(ro, now)
             if to_abort:
                 self.client.abort_requests(list(to_abort))
+        self._last_step_end = msg.timestamp or now
         if msg.stats is not None:
             self.stats = msg.stats
             if self.stats_sink is not None:
                 self.stats_sink.on_stats(msg.stats)
 
-    def _observe(self, outputs: list[EngineCoreOutput], now: float) -> None:
+    def _observe(self, outputs: list[EngineCoreOutput], now: float, step_start: float) -> None:
+        """Token counters and latency samples. A request's first scheduling time is taken as
+        the start of the step that produced its first token (the end of the previous step, or
+        its arrival if the core was idle); prompts prefilled in several chunks count their
+        earlier chunks as queue time."""
         sink = self.stats_sink
         seen: set[str] = set()
         for out in outputs:
@@ -347,10 +335,8 @@ class AsyncEngine:
             if out.request_id in seen:
                 continue  # n > 1: one latency sample per request per step
             seen.add(out.request_id)
-            sched = getattr(out, "first_scheduled_time", None)
-            if sched and st.first_scheduled_time is None:
-                st.first_scheduled_time = float(sched)
             if st.first_token_time is None:
+                st.first_scheduled_time = max(st.arrival_time, step_start)
                 st.first_token_time = now
                 if sink is not None:
                     sink.on_first_token(now - st.arrival_time)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 16
@@ -17,8 +17,30 @@ MAX_STOP_LEN = 1024
 TokenId = int
 
 
+def _check_utf8(value: Any) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("strings must be valid UTF-8 (no lone surrogates)") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_utf8(k)
+            _check_utf8(v)
+    elif isinstance(value, list):
+        for v in value:
+            _check_utf8(v)
+
+
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _valid_utf8(self) -> OpenAIBaseModel:
+        for value in self.__dict__.values():
+            if not isinstance(value, (int, float, bool, BaseModel)) and value is not None:
+                _check_utf8(value)
+        return self
 
 
 class StreamOptions(OpenAIBaseModel):
