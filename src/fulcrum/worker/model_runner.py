@@ -1,27 +1,69 @@
 """ModelRunner: owns the model and the KV pool; turns a SchedulerOutput into sampled tokens.
 
-Per step it builds the flattened batch (token ids, positions, slot mapping, block tables) with
-numpy, runs the model, gathers the hidden state of each request whose last known token was
-computed, and samples those rows.
+One step, with at most one wait on the device (reading the sampled ids back)::
+
+    scheduled requests ─► numpy (ids, positions, slots, block table) in pinned host buffers
+        ├─ pure decode, n <= largest bucket: copy into the static buffers, replay a CUDA graph
+        └─ otherwise (prefill chunks, mixed, eager mode): async copies, eager forward
+    logits ─► all plain greedy: argmax │ else the Sampler (penalties, filters, logprobs)
+           ─► one device → host copy of the sampled ids (plus logprobs when a request asked)
+
+Block tables are mirrored per request in numpy rows that only grow: the KV manager appends
+blocks to a request's table and gives a re-admitted request a new list, so a row is extended
+with the new tail rather than rebuilt each step.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from fulcrum.attention.backend import AttentionMetadata, get_backend_cls
 from fulcrum.config import EngineConfig
-from fulcrum.engine.protocol import Logprobs
+from fulcrum.engine.protocol import Logprobs, WireSamplingParams
 from fulcrum.engine.request import Request
 from fulcrum.model.loader.weights import load_model
 from fulcrum.scheduler.output import SchedulerOutput
+from fulcrum.worker.cuda_graph import DecodeGraphs, HostStaging, capture_sizes
 from fulcrum.worker.sampler import Sampler, SamplingMetadata
 
 logger = logging.getLogger(__name__)
 
 _DEFAULT_CPU_KV_GIB = 2.0
+
+
+def _plain_greedy(p: WireSamplingParams) -> bool:
+    """Argmax is the whole sampler: greedy, no penalties, no min_tokens mask, no logprobs."""
+    return (
+        p.temperature == 0.0
+        and p.logprobs is None
+        and p.min_tokens == 0
+        and p.repetition_penalty == 1.0
+        and p.presence_penalty == 0.0
+        and p.frequency_penalty == 0.0
+    )
+
+
+@dataclass
+class _ReqState:
+    """Per-request state kept across steps: its block-table row and whether argmax suffices."""
+
+    params: WireSamplingParams
+    blocks: list[int]  # the KV manager's list (grows in place)
+    row: np.ndarray  # int32 [capacity]; entries past ``filled`` are 0
+    filled: int
+    plain_greedy: bool
+
+    def sync(self, blocks: list[int]) -> None:
+        n = len(blocks)
+        if n > self.row.shape[0]:
+            self.row = np.concatenate([self.row, np.zeros(n, dtype=np.int32)])
+        self.row[self.filled : n] = blocks[self.filled :]
+        self.filled = n
 
 
 class ModelRunner:
@@ -40,6 +82,16 @@ class ModelRunner:
         self.vocab_size = mc.vocab_size
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
+        sc = config.scheduler_config
+        self.max_model_len = max(mc.max_model_len, sc.max_model_len)
+        self.max_blocks = -(-self.max_model_len // self.block_size)
+        self._states: dict[str, _ReqState] = {}
+        self._staging = HostStaging(self.device)
+        n_arange = max(sc.max_num_seqs, sc.max_num_batched_tokens) + 1
+        self._arange = torch.arange(n_arange, dtype=torch.int32, device=self.device)
+        self.graphs: DecodeGraphs | None = None
+        self.use_cuda_graphs = False  # True once graphs are captured; benchmarks may toggle it
+        self.timings: dict[str, float] = {"weights_s": self.load_time}
 
     # -- KV cache -----------------------------------------------------------------------------
 
@@ -54,7 +106,11 @@ class ModelRunner:
         if cc.num_blocks is not None:
             return cc.num_blocks
         if self.device.type == "cuda" and cc.kv_cache_memory is None:
-            return self._profile_cuda_blocks()
+            t0 = time.perf_counter()
+            blocks = self._profile_cuda_blocks()
+            self.timings["kv_profile_s"] = time.perf_counter() - t0
+            logger.info("KV profiling took %.2f s", self.timings["kv_profile_s"])
+            return blocks
         gib = cc.kv_cache_memory if cc.kv_cache_memory is not None else _DEFAULT_CPU_KV_GIB
         return max(2, int(gib * (1 << 30)) // self.bytes_per_block)
 
@@ -81,19 +137,24 @@ class ModelRunner:
     def _dummy_forward(self, num_tokens: int) -> None:
         mc = self.config.model_config
         shape = (2, 1, self.block_size, mc.num_kv_heads, mc.head_dim)
-        scratch = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(mc.num_layers)]
+        scratch = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(mc.num_layers)
+        ]
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        pos = torch.arange(num_tokens, device=self.device) % max(1, self.block_size)
+        pos = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         meta = AttentionMetadata(
-            num_tokens=num_tokens, num_reqs=num_tokens,
+            num_tokens=num_tokens,
+            num_reqs=num_tokens,
             query_start_loc=torch.arange(num_tokens + 1, dtype=torch.int32, device=self.device),
             seq_lens=torch.ones(num_tokens, dtype=torch.int32, device=self.device),
             block_tables=torch.zeros(num_tokens, 1, dtype=torch.int32, device=self.device),
             slot_mapping=torch.zeros(num_tokens, dtype=torch.long, device=self.device),
-            max_query_len=1, max_seq_len=1,
-            query_start_loc_cpu=list(range(num_tokens + 1)), seq_lens_cpu=[1] * num_tokens,
+            max_query_len=1,
+            max_seq_len=1,
+            query_start_loc_cpu=list(range(num_tokens + 1)),
+            seq_lens_cpu=[1] * num_tokens,
         )
-        hidden = self.model(ids, pos * 0, scratch, meta)
+        hidden = self.model(ids, pos, scratch, meta)
         self.model.compute_logits(hidden[: self.config.scheduler_config.max_num_seqs]).float()
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
@@ -103,70 +164,220 @@ class ModelRunner:
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(mc.num_layers)
         ]
         self.num_blocks = num_blocks
+        if self.device.type == "cuda" and not self.config.enforce_eager:
+            self.capture_graphs()
+
+    # -- CUDA graphs --------------------------------------------------------------------------
+
+    def _decode_logits(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
+
+    def capture_graphs(self, emulate: bool = False) -> None:
+        """Capture decode graphs for every bucket up to ``max_num_seqs`` (capped at 512).
+
+        ``emulate`` replays by re-running the forward (checks the padding logic off CUDA)."""
+        if self.attn_backend.name != "triton":
+            logger.info("CUDA graphs need the triton attention backend; running eagerly.")
+            return
+        sizes = capture_sizes(self.config.scheduler_config.max_num_seqs)
+        graphs = DecodeGraphs(
+            self._decode_logits,
+            sizes,
+            self.max_blocks,
+            self.block_size,
+            self.max_model_len,
+            self.device,
+            emulate=emulate,
+        )
+        try:
+            dt = graphs.capture()
+        except RuntimeError as e:  # capture is an optimisation: keep serving eagerly
+            logger.warning("CUDA graph capture failed (%s); running eagerly.", e)
+            return
+        self.graphs, self.use_cuda_graphs = graphs, True
+        self.timings["graph_capture_s"] = dt
+        logger.info(
+            "Captured %d decode graphs (batch %d..%d) in %.2f s",
+            len(sizes),
+            sizes[0],
+            sizes[-1],
+            dt,
+        )
 
     # -- one step -----------------------------------------------------------------------------
 
-    def _prepare(self, out: SchedulerOutput, block_tables: list[list[int]]):
-        bs = self.block_size
-        starts = np.array([r.num_computed_tokens for r, _ in out.scheduled], dtype=np.int64)
-        counts = np.array([n for _, n in out.scheduled], dtype=np.int64)
-        qsl = np.zeros(len(counts) + 1, dtype=np.int64)
-        np.cumsum(counts, out=qsl[1:])
-        total = int(qsl[-1])
-        req_of_tok = np.repeat(np.arange(len(counts)), counts)
-        positions = np.arange(total, dtype=np.int64) - qsl[req_of_tok] + starts[req_of_tok]
-        ids = np.empty(total, dtype=np.int64)
-        for i, (r, n) in enumerate(out.scheduled):
-            ids[qsl[i] : qsl[i + 1]] = r.all_token_ids[starts[i] : starts[i] + n]
-        width = max(len(b) for b in block_tables)
-        table = np.zeros((len(block_tables), width), dtype=np.int32)
-        for i, b in enumerate(block_tables):
-            table[i, : len(b)] = b
-        slots = table[req_of_tok, positions // bs].astype(np.int64) * bs + positions % bs
-        seq_lens = starts + counts
-        return ids, positions, slots, qsl, seq_lens, table
+    def _request_states(
+        self, out: SchedulerOutput, block_tables: list[list[int]]
+    ) -> list[_ReqState]:
+        states: list[_ReqState] = []
+        get = self._states.get
+        for (r, _), blocks in zip(out.scheduled, block_tables, strict=True):
+            st = get(r.key)
+            if st is None or st.params is not r.params or st.blocks is not blocks:
+                row = np.zeros(max(self.max_blocks, len(blocks)), dtype=np.int32)
+                st = _ReqState(r.params, blocks, row, 0, _plain_greedy(r.params))
+                self._states[r.key] = st
+            if len(blocks) != st.filled:
+                st.sync(blocks)
+            states.append(st)
+        if len(self._states) > 2 * self.config.scheduler_config.max_num_seqs + len(states):
+            keep = {r.key for r, _ in out.scheduled}
+            self._states = {k: v for k, v in self._states.items() if k in keep}
+        return states
+
+    def _table(self, states: list[_ReqState], width: int) -> torch.Tensor:
+        """Block tables of the batch as a contiguous host tensor ``[n, width]``."""
+        host = self._staging.get("table", len(states) * width, torch.int32)
+        host = host.view(len(states), width)
+        np.stack([st.row[:width] for st in states], out=host.numpy())
+        return host
+
+    @staticmethod
+    def _decode_batch(out: SchedulerOutput) -> tuple[np.ndarray, np.ndarray] | None:
+        """(input ids, positions) if every request computes exactly its one last token."""
+        ids: list[int] = []
+        pos: list[int] = []
+        for r, k in out.scheduled:
+            toks = r.all_token_ids
+            c = r.num_computed_tokens
+            if k != 1 or c + 1 != len(toks):
+                return None
+            ids.append(toks[c])
+            pos.append(c)
+        return np.array(ids, dtype=np.int64), np.array(pos, dtype=np.int64)
 
     @torch.inference_mode()
     def execute(
         self, out: SchedulerOutput, block_tables: list[list[int]]
     ) -> tuple[list[int], list[Logprobs | None] | None]:
-        dev = self.device
-        ids, positions, slots, qsl, seq_lens, table = self._prepare(out, block_tables)
-        sample_rows = [
-            i for i, (r, n) in enumerate(out.scheduled) if r.num_computed_tokens + n == r.num_tokens
-        ]
+        if not out.scheduled:
+            return [], None
+        self._staging.wait()
+        states = self._request_states(out, block_tables)
+        dec = self._decode_batch(out)
+        if dec is not None:
+            logits = self._decode_step(*dec, states)
+            return self._sample(logits, [r for r, _ in out.scheduled], states)
+        logits, rows = self._general_step(out, states)
+        if not rows:
+            return [], None
+        return self._sample(logits, [out.scheduled[i][0] for i in rows], [states[i] for i in rows])
+
+    def _decode_step(
+        self, ids: np.ndarray, pos: np.ndarray, states: list[_ReqState]
+    ) -> torch.Tensor:
+        bs, n = self.block_size, len(ids)
+        table = self._table(states, int(pos.max()) // bs + 1)
+        slots = table.numpy()[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
+        if self.use_cuda_graphs and self.graphs is not None and self.graphs.bucket(n):
+            logits = self.graphs.run(ids, pos, slots, table)
+            self._staging.fence()
+            return logits
+        seq_lens = pos + 1
+        st, dev = self._staging, self.device
         meta = AttentionMetadata(
-            num_tokens=len(ids),
-            num_reqs=len(out.scheduled),
-            query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev, non_blocking=True),
-            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev, non_blocking=True),
-            block_tables=torch.from_numpy(table).to(dev, non_blocking=True),
-            slot_mapping=torch.from_numpy(slots).to(dev, non_blocking=True),
-            max_query_len=int((qsl[1:] - qsl[:-1]).max()),
+            num_tokens=n,
+            num_reqs=n,
+            query_start_loc=self._arange[: n + 1],
+            seq_lens=st.put("seq_lens", seq_lens, torch.int32),
+            block_tables=table.to(dev, non_blocking=True),
+            slot_mapping=st.put("slots", slots, torch.int64),
+            max_query_len=1,
+            max_seq_len=int(seq_lens.max()),
+            query_start_loc_cpu=list(range(n + 1)),
+            seq_lens_cpu=seq_lens.tolist(),
+        )
+        hidden = self.model(
+            st.put("ids", ids, torch.int64), st.put("pos", pos, torch.int64), self.kv_caches, meta
+        )
+        st.fence()
+        return self.model.compute_logits(hidden)
+
+    def _general_step(
+        self, out: SchedulerOutput, states: list[_ReqState]
+    ) -> tuple[torch.Tensor | None, list[int]]:
+        """Prefill chunks and mixed batches, eagerly; returns logits of the rows to sample."""
+        bs, n = self.block_size, len(out.scheduled)
+        starts = np.fromiter((r.num_computed_tokens for r, _ in out.scheduled), np.int64, n)
+        counts = np.fromiter((k for _, k in out.scheduled), np.int64, n)
+        qsl = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=qsl[1:])
+        total = int(qsl[-1])
+        req_of_tok = np.repeat(np.arange(n), counts)
+        positions = np.arange(total, dtype=np.int64) - qsl[req_of_tok] + starts[req_of_tok]
+        ids = np.empty(total, dtype=np.int64)
+        rows: list[int] = []
+        for i, (r, k) in enumerate(out.scheduled):
+            s = int(starts[i])
+            ids[qsl[i] : qsl[i + 1]] = r.all_token_ids[s : s + k]
+            if s + k == r.num_tokens:
+                rows.append(i)
+        table = self._table(states, max(st.filled for st in states))
+        tnp = table.numpy()
+        slots = tnp[req_of_tok, positions // bs].astype(np.int64) * bs + positions % bs
+        seq_lens = starts + counts
+        st, dev = self._staging, self.device
+        meta = AttentionMetadata(
+            num_tokens=total,
+            num_reqs=n,
+            query_start_loc=st.put("qsl", qsl, torch.int32),
+            seq_lens=st.put("seq_lens", seq_lens, torch.int32),
+            block_tables=table.to(dev, non_blocking=True),
+            slot_mapping=st.put("slots", slots, torch.int64),
+            max_query_len=int(counts.max()),
             max_seq_len=int(seq_lens.max()),
             query_start_loc_cpu=qsl.tolist(),
             seq_lens_cpu=seq_lens.tolist(),
         )
         hidden = self.model(
-            torch.from_numpy(ids).to(dev, non_blocking=True),
-            torch.from_numpy(positions).to(dev, non_blocking=True),
+            st.put("ids", ids, torch.int64),
+            st.put("pos", positions, torch.int64),
             self.kv_caches,
             meta,
         )
-        if not sample_rows:
-            return [], None
-        last = torch.tensor([qsl[i + 1] - 1 for i in sample_rows], device=dev)
-        logits = self.model.compute_logits(hidden[last]).float()
-        reqs = [out.scheduled[i][0] for i in sample_rows]
-        smeta = self._sampling_metadata(reqs)
-        result = self.sampler(logits, smeta)
-        tokens = result.sampled_token_ids.tolist()
-        return tokens, self._logprobs(reqs, result)
+        if not rows:
+            st.fence()
+            return None, rows
+        last = st.put("last", qsl[1:][rows] - 1, torch.int64)
+        st.fence()
+        return self.model.compute_logits(hidden[last]), rows
+
+    # -- sampling -----------------------------------------------------------------------------
+
+    def _sample(
+        self, logits: torch.Tensor, reqs: list[Request], states: list[_ReqState]
+    ) -> tuple[list[int], list[Logprobs | None] | None]:
+        if all(st.plain_greedy for st in states):
+            return logits.argmax(dim=-1).tolist(), None  # the step's one device → host copy
+        result = self.sampler(logits.float(), self._sampling_metadata(reqs))
+        if result.logprobs is None:
+            return result.sampled_token_ids.tolist(), None
+        sampled, lps, ids, ranks = self._to_host(
+            result.sampled_token_ids,
+            result.logprobs,
+            result.logprob_token_ids,
+            result.sampled_ranks,
+        )
+        return sampled.tolist(), self._logprobs(reqs, lps.tolist(), ids.tolist(), ranks.tolist())
+
+    def _to_host(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """Several device tensors to the host with one wait."""
+        if self.device.type != "cuda":
+            return list(tensors)
+        outs = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+        for o, t in zip(outs, tensors, strict=True):
+            o.copy_(t, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return outs
 
     def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
         for r in reqs:
             if r.params.seed is not None and r.generator is None:
-                r.generator = torch.Generator(device=self.device).manual_seed(r.params.seed + r.index)
+                r.generator = torch.Generator(device=self.device).manual_seed(
+                    r.params.seed + r.index
+                )
         return SamplingMetadata.build(
             [r.params for r in reqs],
             [r.generator for r in reqs],
@@ -177,12 +388,7 @@ class ModelRunner:
         )
 
     @staticmethod
-    def _logprobs(reqs: list[Request], result) -> list[Logprobs] | None:
-        if result.logprobs is None:
-            return None
-        lps = result.logprobs.tolist()
-        ids = result.logprob_token_ids.tolist()
-        ranks = result.sampled_ranks.tolist()
+    def _logprobs(reqs: list[Request], lps: list, ids: list, ranks: list) -> list[Logprobs | None]:
         out: list[Logprobs | None] = []
         for i, r in enumerate(reqs):
             if r.params.logprobs is None:

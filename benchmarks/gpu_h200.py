@@ -1,0 +1,446 @@
+"""Llama-3.1-8B (dummy weights, bf16) on one H200: throughput, latency, prefill, cold start, and
+transformers on a sub-sample of the same workload, each beside its physical floor.
+
+    python benchmarks/gpu_h200.py --out DIR [--deadline 500]
+
+Phases run as separate processes, each with a time cap (a phase that runs out stops and says
+so): ``tests`` (tests/gpu/test_engine_gpu.py), ``fulcrum`` (single-stream ITL with and without
+CUDA graphs, TTFT, 128/128, 64 x 1000/128, 2048/128, 1000/1000), ``hf`` (transformers
+``generate`` static batch and ``generate_batch``), ``cold`` (process start to first token).
+Every result is a ``RESULT {json}`` line in DIR/<phase>.log; all of them end in DIR/bench.json.
+
+Floors (H200: 4.28 TB/s copy, 790 TFLOP/s bf16): a decode step of batch B at mean context C
+costs >= (15.0e9 + B*C*131072) / 4.28e12 s; prefill >= 2 * 7.5e9 FLOPs per token / 790e12.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+MODEL = "llama-3.1-8b"
+BW, FLOPS, WEIGHT_BYTES, KV_BYTES, PARAMS = 4.28e12, 790e12, 15.0e9, 131072, 7.5e9
+ENGINE = dict(
+    load_format="dummy",
+    dtype="bfloat16",
+    device="cuda",
+    max_model_len=4096,
+    max_num_seqs=384,
+    max_num_batched_tokens=8192,
+)
+# FULCRUM_BENCH_SMOKE=N: a CPU dry run of the fulcrum phase (SmolLM2 shape, workloads / N).
+SMOKE = int(os.environ.get("FULCRUM_BENCH_SMOKE", "0"))
+if SMOKE:
+    MODEL = "smollm2-135m"
+    ENGINE = dict(
+        load_format="dummy",
+        dtype="float32",
+        device="cpu",
+        max_model_len=512,
+        max_num_seqs=64,
+        max_num_batched_tokens=1024,
+        kv_cache_memory=1.0,
+    )
+
+
+def decode_floor_s(batch: int, mean_ctx: float) -> float:
+    return (WEIGHT_BYTES + batch * mean_ctx * KV_BYTES) / BW
+
+
+def prefill_floor_s(tokens: int) -> float:
+    return 2 * PARAMS * tokens / FLOPS
+
+
+def emit(name: str, **data) -> None:
+    print("RESULT " + json.dumps({"name": name, **data}), flush=True)
+
+
+def workload(n: int, n_in: int, n_out: int, seed: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    if SMOKE:
+        n, n_in, n_out = max(1, n // SMOKE), max(4, n_in // SMOKE), max(2, n_out // SMOKE)
+    top = 40000 if SMOKE else 120000
+    return [([rng.randrange(1000, top) for _ in range(n_in)], n_out) for _ in range(n)]
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else float("nan")
+
+
+# -- fulcrum ------------------------------------------------------------------------------------
+
+
+class Driver:
+    """Runs requests through an ``LLM``'s engine step by step, with a deadline and step records."""
+
+    def __init__(self, llm) -> None:
+        self.llm = llm
+        self.steps: list[tuple[float, int, int, int]] = []  # (seconds, reqs, tokens, context)
+        runner = llm.core.runner
+        orig = runner.execute
+
+        def execute(out, tables):
+            n, tok = len(out.scheduled), out.num_batched_tokens
+            ctx = sum(r.num_computed_tokens for r, _ in out.scheduled) + tok
+            t0 = time.perf_counter()
+            res = orig(out, tables)
+            self.steps.append((time.perf_counter() - t0, n, tok, ctx))
+            return res
+
+        runner.execute = execute
+
+    def run(self, reqs: list[tuple[list[int], int]], deadline: float) -> dict:
+        from fulcrum import SamplingParams
+
+        llm, core = self.llm, self.llm.core
+        self.steps.clear()
+        ids = [
+            llm._add(p, SamplingParams(temperature=0, max_tokens=o, ignore_eos=True))
+            for p, o in reqs
+        ]
+        n_out, done, step_s, first_tok = 0, 0, [], None
+        prompt0 = core.get_stats().prompt_tokens_total
+        t0 = time.perf_counter()
+        complete = True
+        while core.has_unfinished_requests():
+            ts = time.perf_counter()
+            outs = core.step()
+            results, _ = llm.processor.process_outputs(outs.outputs)
+            step_s.append(time.perf_counter() - ts)
+            n_new = sum(len(o.new_token_ids) for o in outs.outputs)
+            if n_new and first_tok is None:
+                first_tok = time.perf_counter() - t0
+            n_out += n_new
+            done += sum(1 for r in results if r.finished)
+            if time.perf_counter() > deadline:
+                complete = False
+                core.abort_requests(ids)
+                for rid in ids:
+                    llm.processor.abort_request(rid)
+                while core.has_unfinished_requests():
+                    core.step()
+                break
+        dt = time.perf_counter() - t0
+        n_in = core.get_stats().prompt_tokens_total - prompt0
+        dec = [s for s in self.steps if s[2] == s[1]]  # pure decode: one token per request
+        stats = {}
+        if dec:
+            ratios = [decode_floor_s(n, c / n) / t for t, n, _, c in dec]  # execute() only
+            stats = {
+                "decode_steps": len(dec),
+                "decode_step_ms_median": 1e3 * _median([t for t, *_ in dec]),
+                "decode_batch_median": _median([n for _, n, _, _ in dec]),
+                "decode_ctx_mean": sum(c for *_, c in dec) / sum(n for _, n, _, _ in dec),
+                "decode_floor_fraction_median": _median(ratios),
+            }
+        return {
+            "requests": len(reqs),
+            "completed": done,
+            "complete": complete,
+            "seconds": dt,
+            "output_tokens": n_out,
+            "output_tok_s": n_out / dt,
+            "total_tok_s": (n_out + n_in) / dt,
+            "ttft_s": first_tok,
+            "step_ms_median": 1e3 * _median(step_s[1:]),
+            **stats,
+        }
+
+
+def _gpu_memory() -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "device_used_gib": (total - free) / 2**30,
+    }
+
+
+def phase_fulcrum(cap: float) -> None:
+    import logging
+
+    from fulcrum import LLM
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    t_end = time.perf_counter() + cap
+    t0 = time.perf_counter()
+    llm = LLM(MODEL, **ENGINE)
+    runner = llm.core.runner
+    emit(
+        "engine",
+        build_s=time.perf_counter() - t0,
+        timings=runner.timings,
+        kv_tokens=llm.core.num_kv_tokens,
+        graphs=runner.graphs.sizes if runner.graphs else None,
+        config=ENGINE,
+    )
+    drv = Driver(llm)
+    for section in (bench_itl, bench_prefill, bench_throughput):
+        try:
+            section(drv, t_end)
+        except Exception as e:  # keep the other sections' numbers
+            traceback.print_exc()
+            emit(section.__name__, error=f"{type(e).__name__}: {e}"[:500])
+
+
+def bench_itl(drv: Driver, t_end: float) -> None:
+    """b. Single stream at a 1,000-token context, CUDA graphs vs eager (same engine)."""
+    runner = drv.llm.core.runner
+    drv.run(workload(8, 300, 16, 99), t_end)  # warm-up: prefill and mixed-step variants
+    for graphs in (True, False):
+        runner.use_cuda_graphs = graphs and runner.graphs is not None
+        r = drv.run(workload(1, 1000, 129, 1 + graphs), t_end)
+        itl = _median([t for t, n, k, _ in drv.steps if n == k == 1]) * 1e3
+        floor = decode_floor_s(1, 1064) * 1e3
+        emit(
+            "itl_1000ctx",
+            cuda_graphs=runner.use_cuda_graphs,
+            step_ms=r["step_ms_median"],
+            execute_ms=itl,
+            floor_ms=floor,
+            floor_fraction=floor / r["step_ms_median"],
+        )
+    runner.use_cuda_graphs = runner.graphs is not None
+
+
+def bench_prefill(drv: Driver, t_end: float) -> None:
+    """c. TTFT of one 1,000-token prompt (fresh prompts: no prefix hits); an 8k-token step."""
+    ttft = _median([drv.run(workload(1, 1000, 1, 10 + i), t_end)["seconds"] for i in range(3)])
+    emit(
+        "ttft_1000",
+        ttft_ms=ttft * 1e3,
+        floor_ms=prefill_floor_s(1000) * 1e3,
+        flops_fraction=prefill_floor_s(1000) / ttft,
+    )
+    r = drv.run(workload(8, 1000, 1, 20), t_end)
+    emit(
+        "prefill_8x1000",
+        seconds=r["seconds"],
+        tok_s=8000 / r["seconds"],
+        flops_fraction=prefill_floor_s(8000) / r["seconds"],
+    )
+
+
+def bench_throughput(drv: Driver, t_end: float) -> None:
+    """a. Offline throughput; the last workload gets whatever time the phase has left."""
+    import torch
+
+    plan = [
+        ("128/128", 1000, 128, 128, 40),
+        ("1000/128 (hf sub-sample)", 64, 1000, 128, 30),
+        ("2048/128 (sub-sample)", 256, 2048, 128, 40),
+        ("1000/1000", 1000, 1000, 1000, 1e9),
+    ]
+    for name, n, n_in, n_out, own_cap in plan:
+        left = t_end - time.perf_counter()
+        if left < 5:
+            emit("throughput", workload=name, skipped="phase time cap")
+            continue
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        r = drv.run(workload(n, n_in, n_out, 7), time.perf_counter() + min(own_cap, left - 2))
+        emit("throughput", workload=name, **r, **_gpu_memory())
+
+
+# -- transformers -------------------------------------------------------------------------------
+
+
+def phase_hf(cap: float) -> None:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    t_end = time.perf_counter() + cap
+    here = os.path.dirname(os.path.abspath(__file__))
+    cfg = LlamaConfig.from_json_file(os.path.join(here, "..", "configs", f"{MODEL}.json"))
+    t0 = time.perf_counter()
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).eval()
+    torch.cuda.synchronize()
+    emit("hf_init", seconds=time.perf_counter() - t0)
+    reqs = workload(64, 1000, 128, 7)
+    ids = torch.tensor([p for p, _ in reqs], device="cuda")
+    with torch.no_grad():
+        model.generate(
+            ids[:2, :32],
+            attention_mask=torch.ones_like(ids[:2, :32]),
+            max_new_tokens=4,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=128,
+            min_new_tokens=128,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    emit(
+        "hf_generate_static",
+        requests=64,
+        n_in=1000,
+        n_out=128,
+        seconds=dt,
+        output_tok_s=64 * 128 / dt,
+        total_tok_s=64 * 1128 / dt,
+        peak_allocated_gib=torch.cuda.max_memory_allocated() / 2**30,
+    )
+    if not hasattr(model, "generate_batch"):
+        emit("hf_generate_batch", unavailable="no generate_batch in this transformers")
+        return
+    if t_end - time.perf_counter() < 10:
+        emit("hf_generate_batch", skipped="phase time cap")
+        return
+    try:
+        gen = GenerationConfig(
+            max_new_tokens=128, do_sample=False, pad_token_id=0, eos_token_id=cfg.eos_token_id
+        )
+        t0 = time.perf_counter()
+        out = model.generate_batch(inputs=[p for p, _ in reqs], generation_config=gen)
+        dt = time.perf_counter() - t0
+        n_out = sum(len(v.generated_tokens) for v in out.values())
+        emit(
+            "hf_generate_batch",
+            requests=64,
+            n_in=1000,
+            n_out=128,
+            seconds=dt,
+            output_tokens=n_out,
+            output_tok_s=n_out / dt,
+            total_tok_s=(n_out + 64000) / dt,
+        )
+    except Exception as e:  # report, don't fail the run
+        emit("hf_generate_batch", unavailable=f"{type(e).__name__}: {e}"[:500])
+
+
+# -- cold start ---------------------------------------------------------------------------------
+
+COLD = """
+import json, logging, os, time
+t_import = time.time()
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+from fulcrum import LLM, SamplingParams
+llm = LLM({model!r}, **{engine!r})
+t_ready = time.time()
+llm.generate([[1000 + i for i in range(16)]], SamplingParams(temperature=0, max_tokens=1,
+             ignore_eos=True), use_tqdm=False)
+t_first = time.time()
+t0 = float(os.environ["T_SPAWN"])
+print("RESULT " + json.dumps(dict(name="cold_start", to_first_token_s=t_first - t0,
+      interpreter_start_s=t_import - t0, engine_ready_s=t_ready - t0,
+      **llm.core.runner.timings)), flush=True)
+"""
+
+
+# -- orchestration ------------------------------------------------------------------------------
+
+
+def run_phase(name: str, cmd: list[str], cap: float, out_dir: str, env: dict) -> list[dict]:
+    """Run ``cmd`` for at most ``cap`` seconds, streaming its output to DIR/<name>.log."""
+    print(f"== phase {name} (cap {cap:.0f} s)", flush=True)
+    results: list[dict] = []
+    env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    with open(os.path.join(out_dir, f"{name}.log"), "w") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                if line.startswith("RESULT "):
+                    results.append(json.loads(line[7:]))
+                    print(line, end="", flush=True)
+                elif name == "tests" or "Captured" in line or "Error" in line:
+                    print("  " + line, end="", flush=True)
+
+        th = threading.Thread(target=pump, daemon=True)
+        th.start()
+        try:
+            rc = proc.wait(timeout=cap)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = "timeout"
+        th.join(timeout=5)
+    results.append({"name": f"{name}_exit", "rc": rc})
+    print(f"== phase {name} done: rc={rc}", flush=True)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--deadline", type=float, default=500.0, help="whole run, seconds")
+    ap.add_argument("--phase", choices=["fulcrum", "hf"], help=argparse.SUPPRESS)
+    ap.add_argument("--cap", type=float, default=200.0, help=argparse.SUPPRESS)
+    ap.add_argument("--skip", default="", help="comma-separated phases to skip")
+    args = ap.parse_args()
+    if args.phase == "fulcrum":
+        return phase_fulcrum(args.cap)
+    if args.phase == "hf":
+        return phase_hf(args.cap)
+    os.makedirs(args.out, exist_ok=True)
+    t_end = time.perf_counter() + args.deadline
+    me, py = os.path.abspath(__file__), sys.executable
+    plan = [  # (name, command, nominal cap, seconds kept for the phases after it)
+        (
+            "tests",
+            [
+                py,
+                "-m",
+                "pytest",
+                "tests/gpu/test_engine_gpu.py",
+                "-q",
+                "-rs",
+                "-p",
+                "no:cacheprovider",
+            ],
+            110,
+            230,
+        ),
+        ("fulcrum", [py, me, "--out", args.out, "--phase", "fulcrum"], 1e9, 150),
+        ("hf", [py, me, "--out", args.out, "--phase", "hf"], 80, 70),
+        ("cold", [py, "-c", COLD.format(model=MODEL, engine=ENGINE)], 70, 0),
+    ]
+    skip = set(args.skip.split(","))
+    results: list[dict] = [
+        {"name": "meta", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv}
+    ]
+    for name, cmd, nominal, keep in plan:
+        if name in skip:
+            continue
+        cap = min(nominal, t_end - time.perf_counter() - keep)
+        if cap < 10:
+            results.append({"name": f"{name}_exit", "rc": "skipped: out of time"})
+            continue
+        if name == "fulcrum" or name == "hf":
+            cmd = [*cmd, "--cap", str(cap - 8)]
+        results += run_phase(name, cmd, cap, args.out, {"T_SPAWN": repr(time.time())})
+        with open(os.path.join(args.out, "bench.json"), "w") as fh:
+            json.dump(results, fh, indent=1)
+    print("== summary")
+    for r in results:
+        print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()

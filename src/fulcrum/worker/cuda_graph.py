@@ -1,0 +1,238 @@
+"""CUDA graphs for pure-decode steps, and the pinned host staging every step copies through.
+
+One graph per batch-size bucket, replayed on padded batches.
+
+A decode step of ``n`` requests runs the graph of the smallest bucket ``b >= n``. Every graph
+reads the same static device buffers (sliced to ``b`` rows) and writes its logits into memory of
+one shared pool::
+
+    host (pinned, numpy views)               device (static, read by every graph)
+    tokens [3, B_max] int64  ── one copy ──► tokens[0] input ids | [1] positions | [2] slots
+    seq_lens [B_max] int32   ── one copy ──► seq_lens
+    table [n, width] int32   ── one copy ──► block_tables[:n, :width]   (rest: stale, unread)
+    (the runner's staging)
+                                             query_start_loc = 0, 1, ..., B_max  (constant)
+
+    rows:  0 .. n-1 real requests | n .. b-1 padding: id 0, position 0, slot -1 (KV not
+           written), seq_len 0 (the decode kernel reads no KV and writes zeros)
+
+Graphs are captured largest first so the smaller ones reuse the pool's memory, after one eager
+step at the largest bucket (it grows the decode kernel's split-KV scratch once, outside any
+graph) and one eager warm-up per bucket (Triton compiles its variants outside capture).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from fulcrum.attention.backend import AttentionMetadata
+
+logger = logging.getLogger(__name__)
+
+MAX_CAPTURE_SIZE = 512
+
+# forward(input_ids, positions, meta) -> logits [num_tokens, vocab]
+DecodeForward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """Buckets 1, 2, 4, 8, 16, 24, ..., 256, 272, ..., 512, up to ``max_num_seqs`` (capped)."""
+    cap = max(1, min(max_num_seqs, MAX_CAPTURE_SIZE))
+    sizes = [1, 2, 4, *range(8, 257, 8), *range(272, MAX_CAPTURE_SIZE + 1, 16)]
+    out = [s for s in sizes if s <= cap]
+    if out[-1] != cap:
+        out.append(cap)
+    return out
+
+
+def pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host tensor the device can copy from asynchronously (plain memory without CUDA)."""
+    t = torch.empty(shape, dtype=dtype)
+    return t.pin_memory() if device.type == "cuda" else t
+
+
+class HostStaging:
+    """Named host buffers that grow on demand (pinned on CUDA, so copies are asynchronous).
+
+    Reused every step: ``fence`` records an event after a step's copies are queued and ``wait``
+    (at the next step's start) blocks until they are done -- normally long since, because a step
+    that samples already waited for its ids; a prefill-chunk step samples nothing.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._bufs: dict[str, torch.Tensor] = {}
+        self._event = torch.cuda.Event() if device.type == "cuda" else None
+
+    def fence(self) -> None:
+        if self._event is not None:
+            self._event.record()
+
+    def wait(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+
+    def get(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        buf = self._bufs.get(name)
+        if buf is None or buf.numel() < numel or buf.dtype != dtype:
+            buf = pinned(
+                (max(numel, 2 * (buf.numel() if buf is not None else 0), 64),), dtype, self.device
+            )
+            self._bufs[name] = buf
+        return buf[:numel]
+
+    def put(self, name: str, values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        """``values`` → device, through this buffer (non-blocking)."""
+        host = self.get(name, values.size, dtype)
+        host.numpy()[...] = values.reshape(-1)
+        return host.view(values.shape).to(self.device, non_blocking=True)
+
+
+class _EmulatedGraph:
+    """Stands in for ``torch.cuda.CUDAGraph`` off CUDA: replay re-runs the captured function on
+    the same static buffers, so the padding and buffer logic can be checked on the CPU."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor]) -> None:
+        self.fn = fn
+        self.output = fn()
+
+    def replay(self) -> None:
+        self.output.copy_(self.fn())
+
+
+class DecodeGraphs:
+    """Static decode inputs plus one captured graph per bucket; ``run`` replays one step."""
+
+    def __init__(
+        self,
+        forward: DecodeForward,
+        sizes: list[int],
+        max_blocks: int,
+        block_size: int,
+        max_seq_len: int,
+        device: torch.device,
+        emulate: bool = False,
+    ) -> None:
+        self.forward = forward
+        self.sizes = sorted(sizes)
+        self.max_batch = self.sizes[-1]
+        self.max_blocks = max_blocks
+        self.block_size = block_size
+        self.max_seq_len = max_seq_len
+        self.device = device
+        self.emulate = emulate or device.type != "cuda"
+        b, dev = self.max_batch, device
+        # Device side: what every graph reads.
+        self.tokens = torch.zeros(3, b, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.zeros(b, dtype=torch.int32, device=dev)
+        self.block_tables = torch.zeros(b, max_blocks, dtype=torch.int32, device=dev)
+        self.query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=dev)
+        # Host side: pinned staging, filled through numpy views.
+        self._h_tokens = pinned((3, b), torch.int64, dev)
+        self._h_seq_lens = pinned((b,), torch.int32, dev)
+        self.h_tokens = self._h_tokens.numpy()
+        self.h_seq_lens = self._h_seq_lens.numpy()
+        self.graphs: dict[int, torch.cuda.CUDAGraph | _EmulatedGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool = None
+        self.capture_time = 0.0
+        self.num_replays = 0
+
+    def bucket(self, n: int) -> int | None:
+        """The smallest captured batch size that holds ``n`` requests (None: too many)."""
+        if n > self.max_batch or not self.graphs:
+            return None
+        for s in self.sizes:
+            if s >= n:
+                return s
+        return None
+
+    # -- capture ------------------------------------------------------------------------------
+
+    def _meta(self, b: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            num_tokens=b,
+            num_reqs=b,
+            query_start_loc=self.query_start_loc[: b + 1],
+            seq_lens=self.seq_lens[:b],
+            block_tables=self.block_tables[:b],
+            slot_mapping=self.tokens[2, :b],
+            max_query_len=1,
+            max_seq_len=self.max_seq_len,
+            query_start_loc_cpu=list(range(b + 1)),
+            seq_lens_cpu=[0] * b,
+        )
+
+    def _run_static(self, b: int) -> torch.Tensor:
+        return self.forward(self.tokens[0, :b], self.tokens[1, :b], self._meta(b))
+
+    def _fill_padding(self) -> None:
+        """Every row a padding row: writes no KV, reads no KV."""
+        self.h_tokens[0] = 0
+        self.h_tokens[1] = 0
+        self.h_tokens[2] = -1
+        self.h_seq_lens[:] = 0
+        self.tokens.copy_(self._h_tokens)
+        self.seq_lens.copy_(self._h_seq_lens)
+        self.block_tables.zero_()
+
+    @torch.inference_mode()
+    def capture(self) -> float:
+        """Capture every bucket, largest first; returns the seconds it took."""
+        t0 = time.perf_counter()
+        self._fill_padding()
+        self._run_static(self.max_batch)  # eager step at the largest batch: scratch grows now
+        if self.emulate:
+            for b in reversed(self.sizes):
+                g = _EmulatedGraph(lambda b=b: self._run_static(b))
+                self.graphs[b], self.outputs[b] = g, g.output
+        else:
+            torch.cuda.synchronize(self.device)
+            self.pool = torch.cuda.graph_pool_handle()
+            for b in reversed(self.sizes):
+                self._run_static(b)  # warm-up: Triton variants compile outside capture
+                torch.cuda.synchronize(self.device)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self.pool):
+                    out = self._run_static(b)
+                self.graphs[b], self.outputs[b] = g, out
+            torch.cuda.synchronize(self.device)
+        self.capture_time = time.perf_counter() - t0
+        return self.capture_time
+
+    # -- replay -------------------------------------------------------------------------------
+
+    def run(
+        self,
+        input_ids: np.ndarray,  # [n] int64
+        positions: np.ndarray,  # [n] int64
+        slots: np.ndarray,  # [n] int64
+        table: torch.Tensor,  # [n, width] int32, contiguous host tensor (pinned on CUDA)
+    ) -> torch.Tensor:
+        """One decode step of ``n`` requests; returns logits ``[n, vocab]`` (graph-owned memory,
+        valid until the next replay). The host buffers must not change until the step's
+        results have been read back (the runner's one sync per step guarantees it)."""
+        n, width = table.shape
+        b = self.bucket(n)
+        assert b is not None and width <= self.max_blocks
+        ht = self.h_tokens
+        ht[0, :n] = input_ids
+        ht[1, :n] = positions
+        ht[2, :n] = slots
+        ht[0, n:b] = 0
+        ht[1, n:b] = 0
+        ht[2, n:b] = -1
+        hs = self.h_seq_lens
+        np.add(positions, 1, out=hs[:n], casting="unsafe")
+        hs[n:b] = 0
+        self.tokens.copy_(self._h_tokens, non_blocking=True)
+        self.seq_lens.copy_(self._h_seq_lens, non_blocking=True)
+        self.block_tables[:n, :width].copy_(table, non_blocking=True)
+        self.graphs[b].replay()
+        self.num_replays += 1
+        return self.outputs[b][:n]
