@@ -118,6 +118,24 @@ def _load_template(value: str | None) -> str | None:
     return value
 
 
+def usage_banner(host: str, port: int, model: str, has_key: bool) -> str:
+    """How to call the server, printed once it accepts requests."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    base = f"http://{shown}:{port}/v1"
+    auth = " -H \"Authorization: Bearer $FULCRUM_API_KEY\"" if has_key else ""
+    key = "os.environ['FULCRUM_API_KEY']" if has_key else "'unused'"
+    return (
+        f"\nfulcrum is serving {model!r} at {base}\n\n"
+        f"  curl {base}/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+        f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", "
+        f"\"content\": \"Hello!\"}}]}}'\n\n"
+        f"  python -c \"import os; from openai import OpenAI; "
+        f"c = OpenAI(base_url='{base}', api_key={key}); "
+        f"print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', "
+        f"'content': 'Hello!'}}]).choices[0].message.content)\"\n"
+    )
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -158,7 +176,15 @@ def run_serve(args: argparse.Namespace) -> int:
         timeout_keep_alive=30,
         lifespan="on",
     )
-    server = DrainingServer(config, state)
+    banner = usage_banner(args.host, args.port, names[0], bool(options.api_key))
+
+    class _Server(DrainingServer):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                print(banner, flush=True)
+
+    server = _Server(config, state)
     server.run()
     if not server.started:
         return 1
