@@ -58,6 +58,25 @@ def prefill_floor_s(tokens: int) -> float:
     return 2 * PARAMS * tokens / FLOPS
 
 
+def rope_device_fix() -> None:
+    """Work around fulcrum.model.layers.rotary building llama3-scaled frequencies on the CPU
+    while the model is built under ``torch.device("cuda")`` (a device mismatch at start-up)."""
+    import torch
+
+    from fulcrum.model.layers import rotary
+
+    orig = rotary.compute_inv_freq
+    if getattr(orig, "_device_fix", False):
+        return
+
+    def fixed(config, head_dim: int):
+        inv, scaling = orig(config, head_dim)
+        return inv.to(torch.empty(0).device), scaling
+
+    fixed._device_fix = True
+    rotary.compute_inv_freq = fixed
+
+
 def emit(name: str, **data) -> None:
     print("RESULT " + json.dumps({"name": name, **data}), flush=True)
 
@@ -107,6 +126,8 @@ class Driver:
             for p, o in reqs
         ]
         n_out, done, step_s, first_tok = 0, 0, [], None
+        n_exec, by_kind = 0, {}  # kind -> [steps, seconds of whole engine steps]
+        retries0 = _alloc_retries()
         prompt0 = core.get_stats().prompt_tokens_total
         t0 = time.perf_counter()
         complete = True
@@ -115,6 +136,13 @@ class Driver:
             outs = core.step()
             results, _ = llm.processor.process_outputs(outs.outputs)
             step_s.append(time.perf_counter() - ts)
+            if len(self.steps) > n_exec:  # the step ran the model: book its time by kind
+                n_exec = len(self.steps)
+                _, n, tok, _ = self.steps[-1]
+                kind = "decode" if tok == n else "prefill/mixed"
+                by_kind.setdefault(kind, [0, 0.0])
+                by_kind[kind][0] += 1
+                by_kind[kind][1] += step_s[-1]
             n_new = sum(len(o.new_token_ids) for o in outs.outputs)
             if n_new and first_tok is None:
                 first_tok = time.perf_counter() - t0
@@ -151,8 +179,18 @@ class Driver:
             "total_tok_s": (n_out + n_in) / dt,
             "ttft_s": first_tok,
             "step_ms_median": 1e3 * _median(step_s[1:]),
+            "steps_by_kind": by_kind,
+            "alloc_retries": _alloc_retries() - retries0,
             **stats,
         }
+
+
+def _alloc_retries() -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    return int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
 
 
 def _gpu_memory() -> dict:
@@ -173,7 +211,7 @@ def phase_fulcrum(cap: float) -> None:
     from fulcrum import LLM
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-
+    rope_device_fix()
     t_end = time.perf_counter() + cap
     t0 = time.perf_counter()
     llm = LLM(MODEL, **ENGINE)
@@ -336,7 +374,11 @@ COLD = """
 import json, logging, os, time
 t_import = time.time()
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+import sys
 from fulcrum import LLM, SamplingParams
+sys.path.insert(0, "benchmarks")
+import gpu_h200
+gpu_h200.rope_device_fix()
 llm = LLM({model!r}, **{engine!r})
 t_ready = time.time()
 llm.generate([[1000 + i for i in range(16)]], SamplingParams(temperature=0, max_tokens=1,
@@ -401,38 +443,26 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     t_end = time.perf_counter() + args.deadline
     me, py = os.path.abspath(__file__), sys.executable
-    plan = [  # (name, command, nominal cap, seconds kept for the phases after it)
-        (
-            "tests",
-            [
-                py,
-                "-m",
-                "pytest",
-                "tests/gpu/test_engine_gpu.py",
-                "-q",
-                "-rs",
-                "-p",
-                "no:cacheprovider",
-            ],
-            110,
-            230,
-        ),
-        ("fulcrum", [py, me, "--out", args.out, "--phase", "fulcrum"], 1e9, 150),
-        ("hf", [py, me, "--out", args.out, "--phase", "hf"], 80, 70),
-        ("cold", [py, "-c", COLD.format(model=MODEL, engine=ENGINE)], 70, 0),
+    pytest = [py, "-m", "pytest", "tests/gpu/test_engine_gpu.py", "-q", "-rs"]
+    plan = [  # (name, command, cap in seconds; None: what the later phases leave)
+        ("tests", [*pytest, "-p", "no:cacheprovider"], 110.0),
+        ("fulcrum", [py, me, "--out", args.out, "--phase", "fulcrum"], None),
+        ("hf", [py, me, "--out", args.out, "--phase", "hf"], 80.0),
+        ("cold", [py, "-c", COLD.format(model=MODEL, engine=ENGINE)], 70.0),
     ]
     skip = set(args.skip.split(","))
+    plan = [p for p in plan if p[0] not in skip]
     results: list[dict] = [
         {"name": "meta", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv}
     ]
-    for name, cmd, nominal, keep in plan:
-        if name in skip:
-            continue
-        cap = min(nominal, t_end - time.perf_counter() - keep)
+    for i, (name, cmd, nominal) in enumerate(plan):
+        keep = sum(p[2] or 0.0 for p in plan[i + 1 :])
+        left = t_end - time.perf_counter() - keep
+        cap = left if nominal is None else min(nominal, left)
         if cap < 10:
             results.append({"name": f"{name}_exit", "rc": "skipped: out of time"})
             continue
-        if name == "fulcrum" or name == "hf":
+        if name in ("fulcrum", "hf"):
             cmd = [*cmd, "--cap", str(cap - 8)]
         results += run_phase(name, cmd, cap, args.out, {"T_SPAWN": repr(time.time())})
         with open(os.path.join(args.out, "bench.json"), "w") as fh:
