@@ -20,6 +20,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         str(MAX_MODEL_LEN),
         "--max-request-bytes",
         str(MAX_REQUEST_BYTES),
+        "--max-num-seqs",
+        "512",  # the 500-stream test runs as one batch
     )
     yield s
     stop_server(s)

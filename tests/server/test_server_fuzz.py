@@ -16,8 +16,8 @@ from schemathesis.generation.modes import GenerationMode  # noqa: E402
 MIN_REQUESTS = 500
 # Examples per (method, mode): invalid bodies are cheap (400), valid generation bodies are not.
 EXAMPLES = {
-    ("POST", "positive"): 40,
-    ("POST", "negative"): 90,
+    ("POST", "positive"): 35,
+    ("POST", "negative"): 100,
     ("GET", "positive"): 12,
     ("GET", "negative"): 12,
 }
@@ -30,11 +30,11 @@ def _bound_cost(body: Any) -> Any:
         return body
     for k in _CLAMP:
         v = body.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 2:
-            body[k] = 2
+        if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+            body[k] = 1
     if "messages" in body or "prompt" in body:
         if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-            body["max_tokens"] = 2
+            body["max_tokens"] = 1
         n = body.get("n")
         if isinstance(n, int) and not isinstance(n, bool) and n > 2:
             body["n"] = 2

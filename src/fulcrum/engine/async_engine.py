@@ -209,7 +209,7 @@ class AsyncEngine:
             self.client.request_stats()
 
     # ------------------------------------------------------------------ requests
-    async def generate(
+    def generate(
         self,
         request_id: str,
         prompt_token_ids: list[int],
@@ -221,10 +221,11 @@ class AsyncEngine:
         stream: bool = True,
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
-        """Submit one request and yield its outputs until it finishes.
+        """Submit one request now; the returned iterator yields its outputs until it finishes.
 
-        Raises ``ValueError`` if the core refuses the request and ``EngineDeadError`` if the core
-        process is gone. Closing or cancelling the iterator early aborts the request.
+        Submission is immediate (so admission counts are exact); ``EngineDeadError`` is raised
+        here if the core process is gone. Iterating raises ``ValueError`` if the core refuses the
+        request. Closing or cancelling the iterator early aborts the request.
         """
         if self.dead is not None:
             raise EngineDeadError(self.dead)
@@ -247,6 +248,9 @@ class AsyncEngine:
         )
         if self.stats_sink is not None:
             self.stats_sink.on_prompt(len(prompt_token_ids))
+        return self._stream(request_id, state)
+
+    async def _stream(self, request_id: str, state: _RequestState) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
             while True:

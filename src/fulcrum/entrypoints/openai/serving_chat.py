@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -128,6 +129,7 @@ class ServingChat(OpenAIServing):
                 ctx.stream(gen),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
+                background=BackgroundTask(ctx.cleanup),
             )
         return await ctx.full(gen)
 
@@ -158,12 +160,21 @@ class _ChatCtx:
         )
         self.created = int(arrival)
         self.fp = serving.state.system_fingerprint
+        self.logged = False
         self.final: RequestOutput | None = None
         self.first_token_time: float | None = None
         self.num_output = 0
         self.finish_reason: str | None = None
 
+    async def cleanup(self) -> None:
+        """Abort whatever is still running (client gone before or while streaming); log once."""
+        for rid in [self.rid]:
+            self.s.engine.abort(rid)
+        if not self.logged:
+            self._log()
+
     def _log(self) -> None:
+        self.logged = True
         self.s.log_request(
             request_id=self.rid,
             model=self.model,
@@ -256,7 +267,7 @@ class _ChatCtx:
         try:
             final = await run_until_disconnect(self.raw, self._collect(gen))
         except BaseException as e:
-            self._log()
+            await self.cleanup()
             if isinstance(e, EngineDeadError):
                 raise engine_dead(str(e)) from None
             if isinstance(e, ValueError):

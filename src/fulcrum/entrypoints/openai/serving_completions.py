@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -110,6 +111,7 @@ class ServingCompletions(OpenAIServing):
                 ctx.stream(gens),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
+                background=BackgroundTask(ctx.cleanup),
             )
         return await ctx.full(gens)
 
@@ -129,9 +131,18 @@ class _CompletionCtx:
         self.prompts, self.arrival = prompts, arrival
         self.created = int(arrival)
         self.fp = serving.state.system_fingerprint
+        self.logged = False
         self.top_n = req.logprobs or 0
 
+    async def cleanup(self) -> None:
+        """Abort whatever is still running (client gone before or while streaming); log once."""
+        for rid in [p.request_id for p in self.prompts]:
+            self.s.engine.abort(rid)
+        if not self.logged:
+            self._log_all()
+
     def _log_all(self) -> None:
+        self.logged = True
         for p in self.prompts:
             self.s.log_request(
                 request_id=p.request_id,
@@ -239,7 +250,7 @@ class _CompletionCtx:
         try:
             await run_until_disconnect(self.raw, self._collect(gens))
         except BaseException as e:
-            self._log_all()
+            await self.cleanup()
             if isinstance(e, EngineDeadError):
                 raise engine_dead(str(e)) from None
             if isinstance(e, ValueError):
