@@ -72,24 +72,17 @@ class _RequestState:
     num_cached_tokens: int = 0
 
 
+_WIRE_FIELDS = (
+    "n temperature top_p top_k min_p presence_penalty frequency_penalty repetition_penalty seed "
+    "min_tokens ignore_eos logprobs"
+).split()
+
+
 def to_wire(params: SamplingParams, max_tokens: int) -> WireSamplingParams:
     """The core's view of ``params`` (text-level fields such as ``stop`` stay on the frontend)."""
-    return WireSamplingParams(
-        n=params.n,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        min_p=params.min_p,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        repetition_penalty=params.repetition_penalty,
-        seed=params.seed,
-        max_tokens=max_tokens,
-        min_tokens=params.min_tokens,
-        stop_token_ids=list(params.stop_token_ids or []),
-        ignore_eos=params.ignore_eos,
-        logprobs=params.logprobs,
-    )
+    fields = {f: getattr(params, f) for f in _WIRE_FIELDS}
+    stop_ids = list(params.stop_token_ids or [])
+    return WireSamplingParams(**fields, max_tokens=max_tokens, stop_token_ids=stop_ids)
 
 
 class AsyncEngine:
@@ -169,11 +162,18 @@ class AsyncEngine:
     async def from_engine_args(
         cls, engine_args: Any, *, stats_sink: StatsSink | None = None
     ) -> AsyncEngine:
-        """Resolve the config here; the core process loads the model while we load the tokenizer."""
+        """Resolve the config (raises ValueError for bad arguments), then start the engine."""
+        config = await asyncio.to_thread(engine_args.create_engine_config)
+        return await cls.from_engine_config(config, stats_sink=stats_sink)
+
+    @classmethod
+    async def from_engine_config(
+        cls, config: Any, *, stats_sink: StatsSink | None = None
+    ) -> AsyncEngine:
+        """The core process loads the model while this process loads the tokenizer."""
         from fulcrum.engine.core_client import EngineCoreFactory
         from fulcrum.model.loader.tokenizer import load_tokenizer
 
-        config = await asyncio.to_thread(engine_args.create_engine_config)
         mc = config.model_config
         return await cls.start(
             EngineCoreFactory(config),

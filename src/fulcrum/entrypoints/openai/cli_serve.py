@@ -122,14 +122,14 @@ def usage_banner(host: str, port: int, model: str, has_key: bool) -> str:
     """How to call the server, printed once it accepts requests."""
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     base = f"http://{shown}:{port}/v1"
-    auth = " -H \"Authorization: Bearer $FULCRUM_API_KEY\"" if has_key else ""
+    auth = ' -H "Authorization: Bearer $FULCRUM_API_KEY"' if has_key else ""
     key = "os.environ['FULCRUM_API_KEY']" if has_key else "'unused'"
     return (
         f"\nfulcrum is serving {model!r} at {base}\n\n"
         f"  curl {base}/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
-        f"    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", "
-        f"\"content\": \"Hello!\"}}]}}'\n\n"
-        f"  python -c \"import os; from openai import OpenAI; "
+        f'    -d \'{{"model": "{model}", "messages": [{{"role": "user", '
+        f'"content": "Hello!"}}]}}\'\n\n'
+        f'  python -c "import os; from openai import OpenAI; '
         f"c = OpenAI(base_url='{base}', api_key={key}); "
         f"print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', "
         f"'content': 'Hello!'}}]).choices[0].message.content)\"\n"
@@ -162,8 +162,11 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     state = ServerState(options)
 
+    # Resolve the model here so bad arguments fail with one line before the server starts.
+    engine_config = engine_args.create_engine_config()
+
     async def make_engine(metrics: Any) -> AsyncEngine:
-        return await AsyncEngine.from_engine_args(engine_args, stats_sink=metrics)
+        return await AsyncEngine.from_engine_config(engine_config, stats_sink=metrics)
 
     app = build_app(state, make_engine)
     config = uvicorn.Config(
