@@ -12,7 +12,7 @@ import pytest
 from fake_core import make_crashing_core, make_fake_core
 
 from fulcrum.engine.async_engine import AsyncEngine, EngineDeadError
-from fulcrum.engine.core_client import CoreClient, CoreDead, RequestError
+from fulcrum.engine.core_client import CoreClient, CoreDead, CoreUnreachableError, RequestError
 from fulcrum.engine.output_processor import OutputProcessor
 from fulcrum.engine.protocol import EngineCoreOutputs, EngineCoreRequest, WireSamplingParams
 from fulcrum.sampling_params import SamplingParams
@@ -131,6 +131,12 @@ def test_core_dead_when_process_killed() -> None:
             os.kill(client.pid, 9)
             msg = await asyncio.wait_for(client.get_output(), 10)
             assert isinstance(msg, CoreDead)
+            # Sending to a dead core fails at once instead of blocking the event loop.
+            with pytest.raises(CoreUnreachableError):
+                for _ in range(100):
+                    client.add_request(_req("late", 2))
+                    await asyncio.sleep(0.05)
+            client.abort_requests(["late"])  # best effort: never raises
         finally:
             client.shutdown()
 

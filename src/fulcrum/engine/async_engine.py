@@ -23,7 +23,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fulcrum.engine.core_client import CoreClient, CoreDead, CoreFactory, RequestError
+from fulcrum.engine.core_client import (
+    CoreClient,
+    CoreDead,
+    CoreFactory,
+    CoreUnreachableError,
+    RequestError,
+)
 from fulcrum.engine.output_processor import OutputProcessor
 from fulcrum.engine.outputs import RequestMetrics, RequestOutput
 from fulcrum.engine.protocol import (
@@ -159,18 +165,11 @@ class AsyncEngine:
         return engine
 
     @classmethod
-    async def from_engine_args(
-        cls, engine_args: Any, *, stats_sink: StatsSink | None = None
-    ) -> AsyncEngine:
-        """Resolve the config (raises ValueError for bad arguments), then start the engine."""
-        config = await asyncio.to_thread(engine_args.create_engine_config)
-        return await cls.from_engine_config(config, stats_sink=stats_sink)
-
-    @classmethod
     async def from_engine_config(
         cls, config: Any, *, stats_sink: StatsSink | None = None
     ) -> AsyncEngine:
-        """The core process loads the model while this process loads the tokenizer."""
+        """Start on a resolved EngineConfig (``EngineArgs.create_engine_config()``); the core
+        process loads the model while this process loads the tokenizer."""
         from fulcrum.engine.core_client import EngineCoreFactory
         from fulcrum.model.loader.tokenizer import load_tokenizer
 
@@ -236,7 +235,8 @@ class AsyncEngine:
         state = _RequestState(arrival, len(prompt_token_ids))
         self._states[request_id] = state
         self.processor.add_request(request_id, prompt, prompt_token_ids, params, arrival, stream)
-        self.client.add_request(
+        self._submit(
+            request_id,
             EngineCoreRequest(
                 request_id=request_id,
                 prompt_token_ids=prompt_token_ids,
@@ -244,7 +244,7 @@ class AsyncEngine:
                 arrival_time=arrival,
                 cache_salt=cache_salt,
                 priority=priority,
-            )
+            ),
         )
         if self.stats_sink is not None:
             self.stats_sink.on_prompt(len(prompt_token_ids))
@@ -265,6 +265,14 @@ class AsyncEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    def _submit(self, request_id: str, req: EngineCoreRequest) -> None:
+        try:
+            self.client.add_request(req)
+        except CoreUnreachableError as e:
+            self._states.pop(request_id, None)
+            self.processor.abort_request(request_id)
+            raise EngineDeadError(str(e)) from None
 
     def abort(self, request_id: str) -> None:
         """Abort a request (no-op if unknown or finished)."""
@@ -365,16 +373,14 @@ class AsyncEngine:
                 ro.num_cached_tokens = st.num_cached_tokens
             if self.stats_sink is not None:
                 reason = next((c.finish_reason for c in ro.outputs if c.finish_reason), "stop")
-                queue_s = None
-                if st.first_scheduled_time is not None:
-                    queue_s = st.first_scheduled_time - st.arrival_time
-                self.stats_sink.on_finished(
-                    str(reason),
+                sched = st.first_scheduled_time
+                queue_s = None if sched is None else sched - st.arrival_time
+                e2e_s, n_in, n_out = (
                     now - st.arrival_time,
-                    queue_s,
                     st.num_prompt_tokens,
                     st.num_output_tokens,
                 )
+                self.stats_sink.on_finished(str(reason), e2e_s, queue_s, n_in, n_out)
         st.queue.put_nowait(ro)
 
     def _fail_request(self, err: RequestError) -> None:
@@ -382,10 +388,8 @@ class AsyncEngine:
         with contextlib.suppress(Exception):
             self.processor.abort_request(err.request_id)
         if st is not None:
-            exc: Exception = (
-                ValueError(err.message) if err.is_value_error else RuntimeError(err.message)
-            )
-            st.queue.put_nowait(exc)
+            kind = ValueError if err.is_value_error else RuntimeError
+            st.queue.put_nowait(kind(err.message))
 
     def _fail_all(self, exc: BaseException) -> None:
         states, self._states = self._states, {}

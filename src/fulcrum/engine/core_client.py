@@ -71,6 +71,10 @@ class CoreDead(msgspec.Struct):
 CoreMessage = EngineCoreOutputs | RequestError | CoreDead
 
 
+class CoreUnreachableError(RuntimeError):
+    """The core process does not take messages any more (it died)."""
+
+
 class EngineCoreLike(Protocol):
     """What the child loop needs from an engine core (``fulcrum.engine.core.EngineCore``)."""
 
@@ -314,17 +318,26 @@ class CoreClient:
                 raise RuntimeError(f"engine core process exited during startup (code {code}).")
         raise RuntimeError(f"engine core not ready after {timeout:.0f} s.")
 
+    def _send(self, frames: list[bytes], required: bool) -> None:
+        # NOBLOCK: a PUSH socket with no live peer would block the event loop forever.
+        try:
+            self._inp.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            if required:
+                raise CoreUnreachableError("the engine core process is not reachable.") from None
+
     def add_request(self, req: EngineCoreRequest) -> None:
-        self._inp.send_multipart([ADD, self._enc.encode(req)], copy=False)
+        """Send a request; raises CoreUnreachableError when the core process is gone."""
+        self._send([ADD, self._enc.encode(req)], required=True)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids and not self._closed:
-            self._inp.send_multipart([ABORT, self._enc.encode(request_ids)], copy=False)
+            self._send([ABORT, self._enc.encode(request_ids)], required=False)
 
     def request_stats(self) -> None:
         """Ask the core to push its current SchedulerStats (answered as an outputs message)."""
         if not self._closed:
-            self._inp.send_multipart([STATS, b""])
+            self._send([STATS, b""], required=False)
 
     async def get_output(self) -> CoreMessage:
         """Next message from the core; a ``CoreDead`` if the process is gone."""
