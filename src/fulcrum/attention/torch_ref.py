@@ -26,14 +26,19 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
 
 
 def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int):
-    """K and V of one or more requests: [..., length, num_kv_heads, head_dim]."""
-    bs = kv_cache.shape[2]
+    """K and V of one or more requests: [..., length, num_kv_heads, head_dim].
+
+    Whole blocks are copied with ``index_select`` over a 2-D view (one contiguous row per
+    block), several times faster on the CPU than advanced indexing.
+    """
+    _, nb, bs, h, d = kv_cache.shape
     nblk = (length + bs - 1) // bs
     blocks = block_table[..., :nblk].long()
-    k = kv_cache[0][blocks]  # [..., nblk, bs, H, D]
-    v = kv_cache[1][blocks]
-    shape = (*blocks.shape[:-1], nblk * bs, kv_cache.shape[3], kv_cache.shape[4])
-    return k.reshape(shape)[..., :length, :, :], v.reshape(shape)[..., :length, :, :]
+    flat = kv_cache.view(2, nb, bs * h * d)
+    shape = (*blocks.shape[:-1], nblk * bs, h, d)
+    k = torch.index_select(flat[0], 0, blocks.reshape(-1)).view(shape)
+    v = torch.index_select(flat[1], 0, blocks.reshape(-1)).view(shape)
+    return k[..., :length, :, :], v[..., :length, :, :]
 
 
 def _plan(meta: AttentionMetadata, device: torch.device) -> dict:
@@ -52,6 +57,7 @@ def _plan(meta: AttentionMetadata, device: torch.device) -> dict:
             torch.tensor([qsl[i] for i in dec], device=device),
             max_len,
             (torch.arange(max_len, device=device)[None, :] < lens[:, None])[:, None, None, :],
+            # mask: [B, 1, 1, L], True where the key exists
         )
     for i in range(meta.num_reqs):
         start, end = qsl[i], qsl[i + 1]
@@ -67,13 +73,18 @@ def _plan(meta: AttentionMetadata, device: torch.device) -> dict:
     return plan
 
 
+def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[..., Hkv, L, D] → [..., Hkv * groups, L, D] (each KV head serves ``groups`` query heads)."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=-3)
+
+
 @register_backend("torch")
 class TorchAttentionBackend(AttentionBackend):
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         write_kv(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         plan = _plan(meta, q.device)
-        gqa = self.num_heads != self.num_kv_heads
+        groups = self.num_heads // self.num_kv_heads
         if plan["decode"] is not None:
             idx, tok, max_len, mask = plan["decode"]
             kk, vv = gather_kv(kv_cache, meta.block_tables[idx], max_len)  # [B, L, Hkv, D]
@@ -83,7 +94,7 @@ class TorchAttentionBackend(AttentionBackend):
                 vv.transpose(1, 2).to(q.dtype),
                 attn_mask=mask,
                 scale=self.scale,
-                enable_gqa=gqa,
+                enable_gqa=groups > 1,
             )
             out[tok] = o.squeeze(2)
         for i, start, end, length, mask in plan["prefill"]:
@@ -91,14 +102,14 @@ class TorchAttentionBackend(AttentionBackend):
                 kk, vv = k[start:end], v[start:end]
             else:
                 kk, vv = gather_kv(kv_cache, meta.block_tables[i], length)  # [L, Hkv, D]
+            # 4-D contiguous inputs with expanded KV heads take SDPA's fast CPU kernel.
             o = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1),
-                kk.transpose(0, 1).to(q.dtype),
-                vv.transpose(0, 1).to(q.dtype),
+                q[start:end].transpose(0, 1).unsqueeze(0).contiguous(),
+                _expand(kk.transpose(0, 1).to(q.dtype), groups).unsqueeze(0).contiguous(),
+                _expand(vv.transpose(0, 1).to(q.dtype), groups).unsqueeze(0).contiguous(),
                 attn_mask=mask,
                 is_causal=mask is None,
                 scale=self.scale,
-                enable_gqa=gqa,
             )
-            out[start:end] = o.transpose(0, 1)
+            out[start:end] = o[0].transpose(0, 1)
         return out

@@ -103,7 +103,10 @@ class KVCacheManager:
         full = min(num_computed // self.block_size, len(rb.blocks))
         if full <= rb.num_cached_blocks:
             return
-        node = self.tree.insert(token_ids[: full * self.block_size], rb.blocks[:full], extra_key)
+        start = (rb.node, rb.num_cached_blocks) if rb.node is not None else None
+        node = self.tree.insert(
+            token_ids[: full * self.block_size], rb.blocks[:full], extra_key, start=start
+        )
         self.tree.inc_lock_ref(node)
         if rb.node is not None:
             self.tree.dec_lock_ref(rb.node)

@@ -97,14 +97,24 @@ class RadixCache:
     # -- insert -------------------------------------------------------------------------------
 
     def insert(
-        self, tokens: Sequence[int], blocks: Sequence[int], extra_key: Hashable = None
+        self,
+        tokens: Sequence[int],
+        blocks: Sequence[int],
+        extra_key: Hashable = None,
+        start: tuple[TreeNode, int] | None = None,
     ) -> TreeNode:
         """Cache ``blocks`` holding the KV of ``tokens`` (whole blocks). Parts already cached keep
         their existing blocks (the caller's duplicates stay the caller's); returns the deepest
-        node covering ``tokens``."""
+        node covering ``tokens``, whose path ends exactly at ``len(blocks)`` blocks.
+
+        ``start=(node, num_blocks)``: a locked node known to end at ``num_blocks`` blocks of this
+        same key, so the walk resumes there instead of at the root (a growing request's insert
+        costs its new blocks, not its whole length)."""
         n = len(blocks) * self.bs
         assert len(tokens) >= n
         node, i, now = self._root(extra_key), 0, next(self._clock)
+        if start is not None:
+            node, i = start[0], start[1] * self.bs
         while i < n:
             child = node.children.get(self._first(tokens, i))
             if child is None:

@@ -38,11 +38,14 @@ def compute_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
 class RotaryEmbedding(nn.Module):
     def __init__(self, config, head_dim: int, max_position: int) -> None:
         super().__init__()
+        # Computed on the CPU in float32 (as the reference does), then moved to the device the
+        # model is being built on.
         inv_freq, scaling = compute_inv_freq(config, head_dim)
-        pos = torch.arange(max_position, dtype=torch.int64).float()
-        freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2]
+        pos = torch.arange(max_position, dtype=torch.int64, device="cpu").float()
+        freqs = pos[:, None] * inv_freq.cpu()[None, :]  # [P, D/2]
         cache = torch.cat([freqs.cos() * scaling, freqs.sin() * scaling], dim=-1)  # [P, D]
-        self.register_buffer("cos_sin_cache", cache, persistent=False)
+        target = torch.empty(0).device  # the active torch.device(...) context, if any
+        self.register_buffer("cos_sin_cache", cache.to(target), persistent=False)
         self.head_dim = head_dim
 
     def forward(
@@ -53,13 +56,31 @@ class RotaryEmbedding(nn.Module):
             from fulcrum.kernels.rotary import apply_rotary
 
             return apply_rotary(q, k, positions, self.cos_sin_cache)
+        cos, sin = self._cos_sin(positions, q.dtype)
+        half = self.head_dim // 2
+        return _rotate(q, cos, sin, half), _rotate(k, cos, sin, half)
+
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos/sin rows for ``positions``; every layer of a step passes the same tensor, so the
+        gather is done once per step."""
+        memo = getattr(self, "_memo", None)
+        if memo is not None and memo[0] is positions and memo[1] == dtype:
+            return memo[2], memo[3]
         cs = self.cos_sin_cache[positions]
         half = self.head_dim // 2
-        cos = torch.cat([cs[:, :half], cs[:, :half]], -1)[:, None, :].to(q.dtype)
-        sin = torch.cat([cs[:, half:], cs[:, half:]], -1)[:, None, :].to(q.dtype)
-        return _rotate(q, cos, sin, half), _rotate(k, cos, sin, half)
+        cos = cs[:, None, :half].to(dtype)
+        sin = cs[:, None, half:].to(dtype)
+        self._memo = (positions, dtype, cos, sin)
+        return cos, sin
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rot * sin
+    """``x * cos + rotate_half(x) * sin`` (same operations, same rounding as the reference)."""
+    x1, x2 = x[..., :half], x[..., half:]
+    out = torch.empty_like(x)
+    o1, o2 = out[..., :half], out[..., half:]
+    torch.mul(x1, cos, out=o1)
+    o1 -= x2 * sin
+    torch.mul(x2, cos, out=o2)
+    o2 += x1 * sin
+    return out
