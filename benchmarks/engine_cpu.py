@@ -50,6 +50,23 @@ def run_fulcrum(reqs, args) -> dict:
             "output_tok_s": n_out / dt, "peak_rss_gib": peak_rss_gib()}
 
 
+def run_fulcrum_single(reqs) -> dict:
+    """One request at a time (single stream), on the sub-sample HF batch 1 uses."""
+    from fulcrum import LLM, SamplingParams
+
+    llm = LLM(dtype="float32", device="cpu", kv_cache_memory=1)
+    llm.generate([reqs[0][0][:8]], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
+    total, n_out = 0.0, 0
+    for p, o in reqs:
+        t0 = time.perf_counter()
+        out = llm.generate([p], SamplingParams(temperature=0, max_tokens=o, ignore_eos=True),
+                           use_tqdm=False)
+        total += time.perf_counter() - t0
+        n_out += len(out[0].outputs[0].token_ids)
+    return {"engine": "fulcrum-batch1", "seconds": total, "output_tokens": n_out,
+            "output_tok_s": n_out / total, "requests": len(reqs)}
+
+
 def run_hf(reqs, batch: int, model_dir: str) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -83,19 +100,26 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="fulcrum step budget.")
     ap.add_argument("--seed", type=int, default=0, help="Workload seed.")
     ap.add_argument("--skip-hf", action="store_true", help="Only run fulcrum.")
+    ap.add_argument("--only-single", action="store_true",
+                    help="Only the single-stream comparison (fulcrum and HF, batch 1).")
     ap.add_argument("--json", default=None, help="Write results to this file.")
     args = ap.parse_args()
     torch.set_num_threads(torch.get_num_threads())
     reqs = workload(args.num_requests, args.seed)
-    results = [run_fulcrum(reqs, args)]
+    results = []
+    if not args.only_single:
+        results.append(run_fulcrum(reqs, args))
+        print(json.dumps(results[-1]), flush=True)
+    results.append(run_fulcrum_single(reqs[: args.hf_single]))
     print(json.dumps(results[-1]), flush=True)
     if not args.skip_hf:
         from fulcrum.model.loader.default_model import default_model_path
         from fulcrum.model.loader.gguf_loader import convert_gguf
 
         model_dir = convert_gguf(default_model_path())
-        results.append(run_hf(reqs, len(reqs), model_dir))
-        print(json.dumps(results[-1]), flush=True)
+        if not args.only_single:
+            results.append(run_hf(reqs, len(reqs), model_dir))
+            print(json.dumps(results[-1]), flush=True)
         results.append(run_hf(reqs[: args.hf_single], 1, model_dir))
         print(json.dumps(results[-1]), flush=True)
     if args.json:

@@ -37,7 +37,7 @@ from fulcrum.engine.protocol import (
     EngineCoreOutputs,
     EngineCoreRequest,
     SchedulerStats,
-    WireSamplingParams,
+    to_wire,
 )
 from fulcrum.sampling_params import SamplingParams
 
@@ -76,19 +76,6 @@ class _RequestState:
     first_scheduled_time: float | None = None
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
-
-
-_WIRE_FIELDS = (
-    "n temperature top_p top_k min_p presence_penalty frequency_penalty repetition_penalty seed "
-    "min_tokens ignore_eos logprobs"
-).split()
-
-
-def to_wire(params: SamplingParams, max_tokens: int) -> WireSamplingParams:
-    """The core's view of ``params`` (text-level fields such as ``stop`` stay on the frontend)."""
-    fields = {f: getattr(params, f) for f in _WIRE_FIELDS}
-    stop_ids = list(params.stop_token_ids or [])
-    return WireSamplingParams(**fields, max_tokens=max_tokens, stop_token_ids=stop_ids)
 
 
 class AsyncEngine:

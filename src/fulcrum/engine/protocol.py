@@ -36,6 +36,20 @@ class WireSamplingParams(msgspec.Struct, omit_defaults=True):
         return self.temperature == 0.0
 
 
+_WIRE_FIELDS = (
+    "n temperature top_p top_k min_p presence_penalty frequency_penalty repetition_penalty seed "
+    "min_tokens ignore_eos logprobs"
+).split()
+
+
+def to_wire(params, max_tokens: int) -> WireSamplingParams:
+    """The core's view of a ``SamplingParams`` (text-level fields such as ``stop`` stay on the
+    frontend); ``max_tokens`` is resolved by the caller against the context limit."""
+    fields = {f: getattr(params, f) for f in _WIRE_FIELDS}
+    stop_ids = list(params.stop_token_ids or [])
+    return WireSamplingParams(**fields, max_tokens=max(1, max_tokens), stop_token_ids=stop_ids)
+
+
 class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
     request_id: str
     prompt_token_ids: list[int]

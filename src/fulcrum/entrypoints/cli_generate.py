@@ -65,14 +65,14 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def stream_reply(llm, messages: list[dict], params, write=sys.stdout.write) -> str:
     """Run one chat turn in-process, writing text as it is produced; returns the reply."""
-    from fulcrum.engine.protocol import EngineCoreRequest
-    from fulcrum.entrypoints.llm import to_wire
+    from fulcrum.engine.protocol import EngineCoreRequest, to_wire
+    from fulcrum.entrypoints.llm import resolve_max_tokens
 
     tok = llm.get_tokenizer()
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = tok(text, add_special_tokens=False).input_ids
     rid = f"chat-{time.monotonic_ns()}"
-    llm.core.add_request(EngineCoreRequest(rid, ids, to_wire(params, len(ids), llm.max_model_len)))
+    llm.core.add_request(EngineCoreRequest(rid, ids, to_wire(params, resolve_max_tokens(params, len(ids), llm.max_model_len))))
     llm.processor.add_request(rid, text, ids, params, stream=True)
     reply = []
     while llm.core.has_unfinished_requests():

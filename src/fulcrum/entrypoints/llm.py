@@ -11,32 +11,18 @@ from fulcrum.engine.arg_utils import EngineArgs
 from fulcrum.engine.core import EngineCore
 from fulcrum.engine.output_processor import OutputProcessor
 from fulcrum.engine.outputs import RequestOutput
-from fulcrum.engine.protocol import EngineCoreRequest, WireSamplingParams
+from fulcrum.engine.protocol import EngineCoreRequest, to_wire
 from fulcrum.model.loader.tokenizer import load_tokenizer
 from fulcrum.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]
 
 
-def to_wire(params: SamplingParams, num_prompt_tokens: int, max_model_len: int) -> WireSamplingParams:
-    """The core's view of ``params``; ``max_tokens=None`` means "up to the context limit"."""
-    max_tokens = params.max_tokens if params.max_tokens is not None else max_model_len - num_prompt_tokens
-    return WireSamplingParams(
-        n=params.n,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        min_p=params.min_p,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        repetition_penalty=params.repetition_penalty,
-        seed=params.seed,
-        max_tokens=max(1, max_tokens),
-        min_tokens=params.min_tokens,
-        stop_token_ids=list(params.stop_token_ids or []),
-        ignore_eos=params.ignore_eos,
-        logprobs=params.logprobs,
-    )
+def resolve_max_tokens(params: SamplingParams, num_prompt_tokens: int, max_model_len: int) -> int:
+    """``max_tokens=None`` means "up to the context limit"."""
+    if params.max_tokens is not None:
+        return params.max_tokens
+    return max_model_len - num_prompt_tokens
 
 
 class LLM:
@@ -129,7 +115,7 @@ class LLM:
         text, ids = self._tokenize(prompt)
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         rid = str(next(self._ids))
-        wire = to_wire(sp, len(ids), self.max_model_len)
+        wire = to_wire(sp, resolve_max_tokens(sp, len(ids), self.max_model_len))
         self.core.add_request(EngineCoreRequest(rid, ids, wire, time.time(), cache_salt=salt))
         self.processor.add_request(rid, text, ids, sp, time.time(), stream=False)
         return rid
