@@ -190,13 +190,18 @@ async def _bench(args: argparse.Namespace) -> int:
             )
         scraper = MetricsScraper(client, base + "/metrics")
         points: list[PointMetrics] = []
-        for mc, rate in itertools.product(args.max_concurrency, args.request_rate):
+        for i, (mc, rate) in enumerate(itertools.product(args.max_concurrency, args.request_rate)):
             desc = f"conc={mc or 'inf'} rate={rate or 'inf'}"
+            # Each point gets a fresh workload of the same shape (seed + 1 + i): a server's
+            # prefix cache must not turn a sweep over "unique" prompts into repeats, and the
+            # warm-up requests (seed) never overlap a measured point.
+            point_args = argparse.Namespace(**{**vars(args), "seed": args.seed + 1 + i})
+            point_sessions = build_sessions(point_args, tokenizer, as_text)
             await scraper.start()
             results, duration = await run_sessions(
                 client,
                 cfg,
-                sessions,
+                point_sessions,
                 max_concurrency=mc,
                 request_rate=rate,
                 burstiness=args.burstiness,
