@@ -143,6 +143,7 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bs = self.block_size
         prefilling = [r for r in self.running if not r.prefill_done]
+        admitted: set[int] = set()
         for req in order_waiting(self.waiting, self.kv, self.config):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
@@ -170,10 +171,11 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             prefilling.append(req)
+            admitted.add(id(req))
             out.add(req, num_new)
             budget -= num_new
-        admitted = {id(r) for r, _ in out.scheduled}
-        self.waiting = deque(r for r in self.waiting if id(r) not in admitted)
+        if admitted:
+            self.waiting = deque(r for r in self.waiting if id(r) not in admitted)
 
     # -- results ------------------------------------------------------------------------------
 
