@@ -7,9 +7,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from fulcrum.engine.async_engine import EngineDeadError
 from fulcrum.engine.outputs import RequestOutput
@@ -24,6 +23,7 @@ from fulcrum.entrypoints.openai.serving_base import (
     OpenAIServing,
     conversation_id,
     openai_finish_reason,
+    respond,
     run_until_disconnect,
     usage_dict,
 )
@@ -124,14 +124,7 @@ class ServingChat(OpenAIServing):
             stream=req.stream,
         )
         ctx = _ChatCtx(self, req, raw, rid, model, ids, text, messages, arrival, top_n)
-        if req.stream:
-            return StreamingResponse(
-                ctx.stream(gen),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-                background=BackgroundTask(ctx.cleanup),
-            )
-        return await ctx.full(gen)
+        return await respond(ctx, gen, req.stream)
 
 
 class _ChatCtx:

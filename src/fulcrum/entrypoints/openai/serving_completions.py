@@ -7,9 +7,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from fulcrum.engine.async_engine import EngineDeadError
 from fulcrum.engine.outputs import CompletionOutput, RequestOutput
@@ -21,6 +20,7 @@ from fulcrum.entrypoints.openai.serving_base import (
     conversation_id,
     merge_streams,
     openai_finish_reason,
+    respond,
     run_until_disconnect,
     usage_dict,
 )
@@ -106,14 +106,7 @@ class ServingCompletions(OpenAIServing):
             for st, p in zip(states, params, strict=True)
         ]
         ctx = _CompletionCtx(self, req, raw, base, model, states, arrival)
-        if req.stream:
-            return StreamingResponse(
-                ctx.stream(gens),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-                background=BackgroundTask(ctx.cleanup),
-            )
-        return await ctx.full(gens)
+        return await respond(ctx, gens, req.stream)
 
 
 class _CompletionCtx:
