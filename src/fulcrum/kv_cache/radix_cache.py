@@ -9,7 +9,8 @@ root: no prefix is ever shared across namespaces::
                                                └─ [question B: b7 b8]
 
 A running request *locks* the deepest node of its cached prefix: ``lock_ref`` is incremented on
-that node and every ancestor. Only unlocked leaves are evicted, least recently used first.
+that node and every ancestor. Only unlocked leaves are evicted, least recently used first; the
+set of unlocked leaves is kept up to date, so eviction costs the leaves it weighs, not the tree.
 ``evictable_size``/``protected_size`` (in blocks) are kept as counters, checked by
 ``check_integrity()``.
 """
@@ -43,6 +44,7 @@ class RadixCache:
         self.evictable_size = 0
         self.protected_size = 0
         self._clock = itertools.count(1)
+        self._leaves: set[TreeNode] = set()  # unlocked nodes without children: evictable first
 
     # -- lookup -------------------------------------------------------------------------------
 
@@ -121,6 +123,8 @@ class RadixCache:
                 new_blocks = list(blocks[i // self.bs :])
                 child = TreeNode(tuple(tokens[i:n]), new_blocks, node)
                 node.children[child.key[: self.bs]] = child
+                self._leaves.discard(node)
+                self._leaves.add(child)
                 self.pool.mark_cached(new_blocks)
                 self.evictable_size += len(new_blocks)
                 child.last_access = now
@@ -139,6 +143,7 @@ class RadixCache:
             if node.lock_ref == 0:
                 self.evictable_size -= len(node.value)
                 self.protected_size += len(node.value)
+                self._leaves.discard(node)
             node.lock_ref += 1
             node = node.parent
 
@@ -148,6 +153,8 @@ class RadixCache:
             if node.lock_ref == 1:
                 self.evictable_size += len(node.value)
                 self.protected_size -= len(node.value)
+                if not node.children:
+                    self._leaves.add(node)
             node.lock_ref -= 1
             node = node.parent
 
@@ -163,7 +170,9 @@ class RadixCache:
 
     def evict(self, num_blocks: int) -> int:
         """Free at least ``num_blocks`` unlocked blocks, LRU leaves first; returns blocks freed."""
-        heap = [(n.last_access, id(n), n) for n in self._nodes() if not n.children and n.lock_ref == 0]
+        if num_blocks <= 0:
+            return 0
+        heap = [(n.last_access, id(n), n) for n in self._leaves]
         heapq.heapify(heap)
         freed = 0
         while freed < num_blocks and heap:
@@ -171,10 +180,12 @@ class RadixCache:
             parent = node.parent
             assert parent is not None
             del parent.children[node.key[: self.bs]]
+            self._leaves.discard(node)
             self.pool.uncache(node.value)
             self.evictable_size -= len(node.value)
             freed += len(node.value)
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:
+                self._leaves.add(parent)
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
 
@@ -189,7 +200,10 @@ class RadixCache:
     def check_integrity(self) -> None:
         seen: set[int] = set()
         evictable = protected = 0
+        leaves = set()
         for node in self._nodes():
+            if not node.children and node.lock_ref == 0:
+                leaves.add(node)
             assert len(node.key) == len(node.value) * self.bs and node.value, "bad node size"
             assert node.parent is not None and node.parent.children.get(node.key[: self.bs]) is node
             assert node.lock_ref >= 0
@@ -206,3 +220,4 @@ class RadixCache:
             f"counters {self.evictable_size}/{self.protected_size} != {evictable}/{protected}"
         )
         assert all(self.pool.cached[b] == (b in seen) for b in range(self.pool.num_blocks))
+        assert leaves == self._leaves, "the set of evictable leaves is stale"
