@@ -4,7 +4,11 @@ import pytest
 import torch
 from paged_batch import make_paged_batch
 
-from fulcrum.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+from fulcrum.kernels.prefill_attention import (
+    prefill_attention,
+    prefill_attention_ref,
+    prefill_work,
+)
 
 # (num_heads, num_kv_heads, head_dim, page_size): GQA ratios 1, 3, 4.
 SHAPES = [(2, 2, 64, 4), (6, 2, 64, 16), (8, 2, 128, 4)]
@@ -41,3 +45,16 @@ def test_prefill_skip_decode_leaves_single_token_rows() -> None:
     ref = prefill_attention_ref(*args, 0.2)
     torch.testing.assert_close(out[1:6], ref[1:6], atol=2e-5, rtol=1e-4)
     assert (out[0] == -3.0).all() and (out[6] == -3.0).all()
+
+
+def test_prefill_work_lists_each_query_block_once_heaviest_first() -> None:
+    # query lens 1 (decode), 5, 0, 9 with prefixes 9, 16, 3, 0; blocks of 4 query tokens
+    qsl, seq_lens = [0, 1, 6, 6, 15], [10, 21, 3, 9]
+    work = prefill_work(qsl, seq_lens, 4, skip_decode=True)
+    assert sorted(map(tuple, work.tolist())) == [(1, 0), (1, 1), (3, 0), (3, 1), (3, 2)]
+    keys = [seq_lens[b] - (qsl[b + 1] - qsl[b]) + min(4 * (j + 1), qsl[b + 1] - qsl[b])
+            for b, j in work.tolist()]
+    assert keys == sorted(keys, reverse=True)  # most keys first
+    with_decode = prefill_work(qsl, seq_lens, 4, skip_decode=False).tolist()
+    assert [0, 0] in with_decode and len(with_decode) == 6
+    assert prefill_work([0, 1, 2], [5, 9], 4, skip_decode=True).shape == (0, 2)

@@ -6,8 +6,9 @@ A step runs up to four launches (decode is two: split, then reduce)::
     requests with query_len == 1:      decode_attention   split-KV over each context, then reduce
     requests with query_len > 1:       prefill_attention  causal, cached prefix + new chunk
 
-Each kernel skips the requests that are not its kind on the device (by ``query_start_loc``), so
-no launch needs a host-side split of the batch. A pure-decode step (``max_query_len == 1``) runs
+The decode kernel skips the requests that are not its kind on the device (by
+``query_start_loc``); the prefill kernel runs over a work list of (request, query block) built
+once per step on the host from ``query_start_loc_cpu``. A pure-decode step (``max_query_len == 1``) runs
 only the first two, reads only device tensors and the batch shape (``num_reqs``, head counts) --
 never sequence lengths on the host -- and reuses one split-KV scratch per device, so it can be
 captured in a CUDA graph (run one eager step at the largest batch first).
@@ -19,7 +20,7 @@ import torch
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata, register_backend
 from fulcrum.kernels.decode_attention import DecodeWorkspace, decode_attention
-from fulcrum.kernels.prefill_attention import prefill_attention
+from fulcrum.kernels.prefill_attention import prefill_attention, prefill_block_q, prefill_work
 from fulcrum.kernels.reshape_and_cache import reshape_and_cache
 
 # One scratch per device, shared by every layer: layers run one after another on one stream.
@@ -35,6 +36,24 @@ def _workspace(device: torch.device) -> DecodeWorkspace:
 
 @register_backend("triton")
 class TritonAttentionBackend(AttentionBackend):
+    @staticmethod
+    def _plan(
+        q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> tuple[bool, torch.Tensor | None]:
+        """(any single-token rows, prefill work list on the device or None), once per step."""
+        if meta.is_pure_decode:
+            return True, None
+        plan = meta.backend_cache.get("triton_plan")
+        if plan is None:
+            qsl = meta.query_start_loc_cpu
+            has_decode = any(qsl[i + 1] - qsl[i] == 1 for i in range(meta.num_reqs))
+            items = prefill_work(qsl, meta.seq_lens_cpu, prefill_block_q(q, kv_cache), has_decode)
+            work = torch.from_numpy(items)
+            if q.is_cuda:
+                work = work.pin_memory().to(q.device, non_blocking=True)
+            plan = meta.backend_cache["triton_plan"] = (has_decode, work if len(items) else None)
+        return plan
+
     def forward(
         self,
         q: torch.Tensor,
@@ -49,8 +68,7 @@ class TritonAttentionBackend(AttentionBackend):
         seq_lens = meta.seq_lens[:n]
         block_tables = meta.block_tables[:n]
         query_start_loc = meta.query_start_loc[: n + 1]
-        qsl = meta.query_start_loc_cpu
-        has_decode = meta.is_pure_decode or any(qsl[i + 1] - qsl[i] == 1 for i in range(n))
+        has_decode, work = self._plan(q, kv_cache, meta)
         if has_decode:
             decode_attention(
                 q,
@@ -62,7 +80,7 @@ class TritonAttentionBackend(AttentionBackend):
                 out=out,
                 workspace=_workspace(q.device),
             )
-        if not meta.is_pure_decode:
+        if work is not None:
             prefill_attention(
                 q,
                 kv_cache,
@@ -73,5 +91,6 @@ class TritonAttentionBackend(AttentionBackend):
                 self.scale,
                 out=out,
                 skip_decode=has_decode,
+                work=work,
             )
         return out

@@ -5,7 +5,9 @@ context of ``seq_lens[b]`` tokens, all already in the paged cache (the new K/V w
 ``reshape_and_cache`` first). New token ``i`` sits at position ``prefix + i`` and sees keys
 ``0..prefix + i``.
 
-One program per (request, kv head, query block). A program packs ``BLOCK_Q`` query tokens times
+One program per (work item, kv head); a work item is one (request, query block) of a request
+with new tokens, listed on the host (:func:`prefill_work`), heaviest first, so a mixed step with
+hundreds of decode rows launches no programs for them. A program packs ``BLOCK_Q`` query tokens times
 the ``GROUP`` query heads of its kv head into the ``BLOCK_M`` rows of one tile, so each K/V tile
 it loads serves every head of the group::
 
@@ -16,8 +18,7 @@ it loads serves every head of the group::
     keys:  [ 0 ................. prefix + q0 | .. prefix + q0 + BLOCK_Q )   (hi, exclusive)
              all rows see these               causal mask: key n <= prefix + token
 
-Query blocks past a request's chunk exit at once, so the grid is
-``(num_reqs, num_kv_heads, cdiv(max_query_len, BLOCK_Q))``.
+The grid is ``(num_work_items, num_kv_heads)``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -61,6 +63,7 @@ def _prefill_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     qsl_ptr,
+    work_ptr,
     scale_log2,
     stride_qt,
     stride_qh,
@@ -77,20 +80,14 @@ def _prefill_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SKIP_DECODE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    item = tl.program_id(0)
     kvh = tl.program_id(1)
-    # Last query blocks see the most keys: launch them first to shorten the tail.
-    q0 = (tl.num_programs(2) - 1 - tl.program_id(2)) * BLOCK_Q
+    b = tl.load(work_ptr + 2 * item)
+    q0 = tl.load(work_ptr + 2 * item + 1) * BLOCK_Q
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
-    if q0 >= q_len:
-        return
-    if SKIP_DECODE:
-        if q_len == 1:
-            return
     seq_len = tl.load(seq_lens_ptr + b)
     prefix = seq_len - q_len
 
@@ -138,6 +135,41 @@ def _prefill_kernel(
     )
 
 
+def prefill_block_q(q: torch.Tensor, kv_cache: torch.Tensor) -> int:
+    """Query tokens per program (a work item's size) for this device, head shape and dtype."""
+    return _launch_config(q, kv_cache)[1]
+
+
+def _launch_config(q: torch.Tensor, kv_cache: torch.Tensor) -> tuple[dict[str, int], int, int]:
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    group = num_heads // kv_cache.shape[3]
+    if q.is_cuda:
+        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        cfg = _gpu_config(index, head_dim, kv_cache.element_size())
+    else:
+        cfg = INTERPRET_CONFIG
+    block_m = max(cfg["block_m"], triton.next_power_of_2(group))
+    return cfg, block_m // group, block_m
+
+
+def prefill_work(
+    query_start_loc: list[int], seq_lens: list[int], block_q: int, skip_decode: bool
+) -> np.ndarray:
+    """Work items ``[n, 2]`` int32 of (request, query block), the blocks that see the most keys
+    first (they take longest: starting them first shortens the tail)."""
+    qsl = np.asarray(query_start_loc, dtype=np.int64)
+    q_lens = np.diff(qsl)
+    keep = q_lens > (1 if skip_decode else 0)
+    reqs = np.nonzero(keep)[0]
+    nblk = -(-q_lens[reqs] // block_q)
+    req_of = np.repeat(reqs, nblk)
+    first = np.repeat(np.cumsum(nblk) - nblk, nblk)
+    blk = np.arange(req_of.size) - first
+    prefix = np.asarray(seq_lens, dtype=np.int64)[req_of] - q_lens[req_of]
+    order = np.argsort(-(prefix + np.minimum((blk + 1) * block_q, q_lens[req_of])), kind="stable")
+    return np.stack([req_of[order], blk[order]], axis=1).astype(np.int32)
+
+
 def prefill_attention(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     kv_cache: torch.Tensor,  # [2, num_blocks, page_size, num_kv_heads, head_dim]
@@ -148,11 +180,13 @@ def prefill_attention(
     scale: float,
     out: torch.Tensor | None = None,
     skip_decode: bool = False,
+    work: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new chunk over its cached prefix plus the chunk.
 
     With ``skip_decode`` the rows of single-token requests are left untouched (for a caller that
-    sends them to :func:`~fulcrum.kernels.decode_attention.decode_attention`).
+    sends them to :func:`~fulcrum.kernels.decode_attention.decode_attention`). ``work`` is
+    :func:`prefill_work` on the device (built here from host copies when not given: a sync).
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
     _, _, page_size, num_kv_heads, _ = kv_cache.shape
@@ -162,16 +196,15 @@ def prefill_attention(
         out = torch.empty_like(q)
     if num_reqs == 0 or max_query_len == 0:
         return out
+    cfg, block_q, block_m = _launch_config(q, kv_cache)
     group = num_heads // num_kv_heads
-    if q.is_cuda:
-        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        cfg = _gpu_config(index, head_dim, kv_cache.element_size())
-    else:
-        cfg = INTERPRET_CONFIG
-    block_m = max(cfg["block_m"], triton.next_power_of_2(group))
-    block_q = block_m // group
+    if work is None:
+        items = prefill_work(query_start_loc.tolist(), seq_lens.tolist(), block_q, skip_decode)
+        work = torch.from_numpy(items).to(q.device)
+    if work.shape[0] == 0:
+        return out
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    grid = (num_reqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
+    grid = (work.shape[0], num_kv_heads)
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -180,6 +213,7 @@ def prefill_attention(
         block_tables,
         seq_lens,
         query_start_loc,
+        work,
         scale * math.log2(math.e),
         q.stride(0),
         q.stride(1),
@@ -196,7 +230,6 @@ def prefill_attention(
         BLOCK_Q=block_q,
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_N=cfg["block_n"],
-        SKIP_DECODE=skip_decode,
         PRECISION="ieee" if kv_cache.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
