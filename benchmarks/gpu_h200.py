@@ -58,25 +58,6 @@ def prefill_floor_s(tokens: int) -> float:
     return 2 * PARAMS * tokens / FLOPS
 
 
-def rope_device_fix() -> None:
-    """Work around fulcrum.model.layers.rotary building llama3-scaled frequencies on the CPU
-    while the model is built under ``torch.device("cuda")`` (a device mismatch at start-up)."""
-    import torch
-
-    from fulcrum.model.layers import rotary
-
-    orig = rotary.compute_inv_freq
-    if getattr(orig, "_device_fix", False):
-        return
-
-    def fixed(config, head_dim: int):
-        inv, scaling = orig(config, head_dim)
-        return inv.to(torch.empty(0).device), scaling
-
-    fixed._device_fix = True
-    rotary.compute_inv_freq = fixed
-
-
 def emit(name: str, **data) -> None:
     print("RESULT " + json.dumps({"name": name, **data}), flush=True)
 
@@ -98,23 +79,36 @@ def _median(xs: list[float]) -> float:
 
 
 class Driver:
-    """Runs requests through an ``LLM``'s engine step by step, with a deadline and step records."""
+    """Runs requests through an ``LLM``'s engine step by step, with a deadline and step records.
+
+    Each launched batch is recorded as (wall seconds of the engine step that launched it, reqs,
+    tokens, context); with asynchronous scheduling a step's wall time is the device time of the
+    batch before it plus whatever host work did not overlap, so in a steady run it is the true
+    cost of one step."""
 
     def __init__(self, llm) -> None:
         self.llm = llm
         self.steps: list[tuple[float, int, int, int]] = []  # (seconds, reqs, tokens, context)
+        self._launched: list[tuple[int, int, int]] = []
         runner = llm.core.runner
-        orig = runner.execute
+        orig = runner.execute_async
 
-        def execute(out, tables):
+        def execute_async(out, tables):
             n, tok = len(out.scheduled), out.num_batched_tokens
-            ctx = sum(r.num_computed_tokens for r, _ in out.scheduled) + tok
-            t0 = time.perf_counter()
-            res = orig(out, tables)
-            self.steps.append((time.perf_counter() - t0, n, tok, ctx))
-            return res
+            self._launched.append((n, tok, sum(out.starts) + tok))
+            return orig(out, tables)
 
-        runner.execute = execute
+        runner.execute_async = execute_async
+
+    def step(self):
+        """One engine step; books its wall time against the batch it launched."""
+        k = len(self._launched)
+        t0 = time.perf_counter()
+        outs = self.llm.core.step()
+        dt = time.perf_counter() - t0
+        if len(self._launched) > k:
+            self.steps.append((dt, *self._launched[-1]))
+        return outs, dt
 
     def run(self, reqs: list[tuple[list[int], int]], deadline: float) -> dict:
         from fulcrum import SamplingParams
@@ -133,10 +127,10 @@ class Driver:
         complete = True
         while core.has_unfinished_requests():
             ts = time.perf_counter()
-            outs = core.step()
+            outs, _ = self.step()
             results, _ = llm.processor.process_outputs(outs.outputs)
             step_s.append(time.perf_counter() - ts)
-            if len(self.steps) > n_exec:  # the step ran the model: book its time by kind
+            if len(self.steps) > n_exec:  # the step launched a batch: book its time by kind
                 n_exec = len(self.steps)
                 _, n, tok, _ = self.steps[-1]
                 kind = "decode" if tok == n else "prefill/mixed"
@@ -161,7 +155,7 @@ class Driver:
         dec = [s for s in self.steps if s[2] == s[1]]  # pure decode: one token per request
         stats = {}
         if dec:
-            ratios = [decode_floor_s(n, c / n) / t for t, n, _, c in dec]  # execute() only
+            ratios = [decode_floor_s(n, c / n) / t for t, n, _, c in dec]
             stats = {
                 "decode_steps": len(dec),
                 "decode_step_ms_median": 1e3 * _median([t for t, *_ in dec]),
@@ -211,7 +205,6 @@ def phase_fulcrum(cap: float) -> None:
     from fulcrum import LLM
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    rope_device_fix()
     t_end = time.perf_counter() + cap
     t0 = time.perf_counter()
     llm = LLM(MODEL, **ENGINE)
@@ -234,23 +227,29 @@ def phase_fulcrum(cap: float) -> None:
 
 
 def bench_itl(drv: Driver, t_end: float) -> None:
-    """b. Single stream at a 1,000-token context, CUDA graphs vs eager (same engine)."""
-    runner = drv.llm.core.runner
+    """b. Single stream at a 1,000-token context: CUDA graphs with and without asynchronous
+    scheduling, and eager (same engine)."""
+    core = drv.llm.core
+    runner = core.runner
     drv.run(workload(8, 300, 16, 99), t_end)  # warm-up: prefill and mixed-step variants
-    for graphs in (True, False):
+    default_async = core.async_scheduling
+    for i, (graphs, overlap) in enumerate(((True, True), (True, False), (False, True))):
         runner.use_cuda_graphs = graphs and runner.graphs is not None
-        r = drv.run(workload(1, 1000, 129, 1 + graphs), t_end)
+        core.async_scheduling = overlap
+        r = drv.run(workload(1, 1000, 129, 1 + i), t_end)
         itl = _median([t for t, n, k, _ in drv.steps if n == k == 1]) * 1e3
         floor = decode_floor_s(1, 1064) * 1e3
         emit(
             "itl_1000ctx",
             cuda_graphs=runner.use_cuda_graphs,
+            async_scheduling=overlap,
             step_ms=r["step_ms_median"],
-            execute_ms=itl,
+            decode_step_ms=itl,
             floor_ms=floor,
             floor_fraction=floor / r["step_ms_median"],
         )
     runner.use_cuda_graphs = runner.graphs is not None
+    core.async_scheduling = default_async
 
 
 def bench_prefill(drv: Driver, t_end: float) -> None:
@@ -376,9 +375,6 @@ t_import = time.time()
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 import sys
 from fulcrum import LLM, SamplingParams
-sys.path.insert(0, "benchmarks")
-import gpu_h200
-gpu_h200.rope_device_fix()
 llm = LLM({model!r}, **{engine!r})
 t_ready = time.time()
 llm.generate([[1000 + i for i in range(16)]], SamplingParams(temperature=0, max_tokens=1,

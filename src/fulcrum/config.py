@@ -134,4 +134,5 @@ class EngineConfig:
     device: torch.device
     attention_backend: str = "auto"  # "torch" | "triton" | "auto"
     enforce_eager: bool = True
+    async_scheduling: bool = False  # schedule step N+1 before step N's tokens are back
     extra: dict[str, Any] = field(default_factory=dict)

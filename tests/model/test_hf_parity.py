@@ -65,7 +65,8 @@ def test_embedded_model_text_via_strings(smol_llm, smol_reference, smollm_tokeni
         assert o.outputs[0].text == smollm_tokenizer.decode(ref, skip_special_tokens=True)
 
 
-def test_embedded_model_chunked_prefill_and_preemption(smol_prompts, smol_reference):
+@pytest.mark.parametrize("async_scheduling", ["off", "on"])
+def test_embedded_model_chunked_prefill_and_preemption(smol_prompts, smol_reference, async_scheduling):
     # 7-token chunks and a pool of 12 blocks: prompts are chunked and requests get preempted.
     llm = LLM(
         dtype="float32",
@@ -73,6 +74,7 @@ def test_embedded_model_chunked_prefill_and_preemption(smol_prompts, smol_refere
         max_num_batched_tokens=7,
         num_kv_blocks=12,
         enable_prefix_caching=False,
+        async_scheduling=async_scheduling,
     )
     assert _greedy(llm, smol_prompts) == smol_reference
     assert llm.stats()["num_preemptions_total"] > 0
@@ -101,6 +103,9 @@ def test_tiny_models_match_hf(tiny_models, arch):
         dict(max_num_batched_tokens=5),
         dict(num_kv_blocks=24, block_size=4, enable_prefix_caching=False),
         dict(num_kv_blocks=24, block_size=4, max_num_batched_tokens=6),
+        # the next step scheduled before this one's tokens are back (inputs patched in)
+        dict(async_scheduling="on"),
+        dict(num_kv_blocks=24, block_size=4, max_num_batched_tokens=6, async_scheduling="on"),
     ):
         llm = LLM(tiny_models[arch], dtype="float32", device="cpu", **kwargs)
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)

@@ -35,6 +35,9 @@ def test_cache_on_off_identical_tiny(tiny_models, arch):
     off = LLM(tiny_models[arch], device="cpu", dtype="float32", block_size=4, enable_prefix_caching=False)
     assert _tokens(on.generate(prompts, GREEDY, use_tqdm=False)) == ref
     assert _tokens(off.generate(prompts, GREEDY, use_tqdm=False)) == ref
+    overlapped = LLM(tiny_models[arch], device="cpu", dtype="float32", block_size=4, async_scheduling="on")
+    assert _tokens(overlapped.generate(prompts + prompts, GREEDY, use_tqdm=False)) == ref + ref
+    overlapped.core.scheduler.kv.check_integrity()
     # Second pass: everything is cached now, one at a time and all together.
     again = on.generate(prompts, GREEDY, use_tqdm=False)
     assert _tokens(again) == ref

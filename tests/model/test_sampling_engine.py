@@ -7,9 +7,9 @@ import pytest
 from fulcrum import LLM, SamplingParams
 
 
-@pytest.fixture(scope="module")
-def llm():
-    return LLM(device="cpu", dtype="float32", kv_cache_memory=0.25)
+@pytest.fixture(scope="module", params=["off", "on"], ids=["sync", "async"])
+def llm(request):
+    return LLM(device="cpu", dtype="float32", kv_cache_memory=0.25, async_scheduling=request.param)
 
 
 PROMPTS = ["Tell me a story about a dragon.", "List three fruits:", "Why is the sky blue?"]

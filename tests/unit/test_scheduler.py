@@ -13,22 +13,33 @@ from fulcrum.engine.protocol import EngineCoreRequest, WireSamplingParams
 from fulcrum.scheduler.scheduler import Scheduler
 
 
-def _run(sched: Scheduler, max_steps: int = 10_000) -> dict[str, list[int]]:
-    """Drive the scheduler; the 'model' samples token = (position * 7) % 50 + 3 (never EOS)."""
+def _sampled(out) -> list[int]:
+    """The stand-in model: the token after position p is (p * 7) % 50 + 3 (never EOS)."""
+    return [
+        ((s + n) * 7) % 50 + 3
+        for (_, n), s, smp in zip(out.scheduled, out.starts, out.samples)
+        if smp
+    ]
+
+
+def _run(sched: Scheduler, max_steps: int = 10_000, overlap: bool = False) -> dict[str, list[int]]:
+    """Drive the scheduler; with ``overlap`` step N+1 is scheduled before step N's tokens are
+    applied, as the engine core does with asynchronous scheduling."""
     outputs: dict[str, list[int]] = {}
+    inflight = None
     for _ in range(max_steps):
-        if not sched.has_unfinished():
+        if not sched.has_unfinished() and inflight is None:
             return outputs
         out = sched.schedule()
         assert out.num_batched_tokens <= sched.config.max_num_batched_tokens
         assert len(sched.running) <= sched.config.max_num_seqs
-        sampled = [
-            (r.num_tokens * 7) % 50 + 3
-            for r, n in out.scheduled
-            if r.num_computed_tokens + n == r.num_tokens
-        ]
-        for o in sched.update(out, sampled):
-            outputs.setdefault(f"{o.request_id}#{o.index}", []).extend(o.new_token_ids)
+        assert all(r.num_pending <= 1 + overlap for r in sched.running)
+        done, inflight = (inflight, out) if overlap else (out, None)
+        if inflight is not None and inflight.is_empty:
+            inflight = None
+        if done is not None:
+            for o in sched.update(done, _sampled(done)) + sched.take_aborted():
+                outputs.setdefault(f"{o.request_id}#{o.index}", []).extend(o.new_token_ids)
         sched.kv.check_integrity()
     raise AssertionError("scheduler did not finish")
 
@@ -61,19 +72,23 @@ def _sched(blocks=40, budget=16, seqs=8, bs=4, prefix=True, policy="fcfs") -> Sc
     st.sampled_from(["fcfs", "lpm"]),
 )
 def test_every_request_finishes_with_its_length(reqs, budget, seqs, prefix, policy):
-    sched = _sched(blocks=30, budget=budget, seqs=seqs, prefix=prefix, policy=policy)
-    rng = random.Random(0)
-    for i, (plen, max_tokens, n) in enumerate(reqs):
-        prompt = [rng.randrange(1, 4) for _ in range(plen)]
-        sched.add_request(
-            EngineCoreRequest(str(i), prompt, WireSamplingParams(n=n, max_tokens=max_tokens))
-        )
-    outputs = _run(sched)
-    for i, (_, max_tokens, n) in enumerate(reqs):
-        for j in range(n):
-            assert len(outputs[f"{i}#{j}"]) == max_tokens
-    assert sched.kv.num_available == sched.kv.num_blocks
-    assert not sched.requests
+    results = []
+    for overlap in (False, True):
+        sched = _sched(blocks=30, budget=budget, seqs=seqs, prefix=prefix, policy=policy)
+        rng = random.Random(0)
+        for i, (plen, max_tokens, n) in enumerate(reqs):
+            prompt = [rng.randrange(1, 4) for _ in range(plen)]
+            sched.add_request(
+                EngineCoreRequest(str(i), prompt, WireSamplingParams(n=n, max_tokens=max_tokens))
+            )
+        outputs = _run(sched, overlap=overlap)
+        for i, (_, max_tokens, n) in enumerate(reqs):
+            for j in range(n):
+                assert len(outputs[f"{i}#{j}"]) == max_tokens
+        assert sched.kv.num_available == sched.kv.num_blocks
+        assert not sched.requests
+        results.append(outputs)
+    assert results[0] == results[1]  # overlapped scheduling changes no token
 
 
 def test_abort_frees_blocks_within_a_step():
@@ -82,12 +97,13 @@ def test_abort_frees_blocks_within_a_step():
     sched.add_request(EngineCoreRequest("b", list(range(1, 10)), WireSamplingParams(max_tokens=50)))
     for _ in range(5):
         out = sched.schedule()
-        sched.update(
-            out, [5] * sum(r.num_computed_tokens + n == r.num_tokens for r, n in out.scheduled)
-        )
+        sched.update(out, [5] * out.num_sampled)
+    inflight = sched.schedule()  # launched, then aborted before its tokens come back
     sched.abort_requests(["a", "b"])
     assert sched.kv.num_available == sched.kv.num_blocks
-    outs = sched.update(sched.schedule(), [])
+    assert sched.update(inflight, [5] * inflight.num_sampled) == []  # late tokens are dropped
+    assert sched.schedule().is_empty
+    outs = sched.take_aborted()
     assert {(o.request_id, o.finish_reason) for o in outs} == {("a", "abort"), ("b", "abort")}
     assert not sched.has_unfinished()
 
@@ -100,11 +116,11 @@ def test_shared_prefix_in_one_step_is_computed_once():
             EngineCoreRequest(str(i), shared + [40 + i] * 3, WireSamplingParams(max_tokens=2))
         )
     first = sched.schedule()
-    assert len(first.scheduled) == 1  # the others wait for the shared prefix
-    sched.update(first, [5])
-    second = sched.schedule()
-    assert len(second.scheduled) == 4
-    hits = [r.num_cached_tokens for r, _ in second.scheduled[1:]]
+    # The first request's prompt blocks enter the cache when scheduled; the others reuse them
+    # in the same step (each layer writes K/V before it attends), computing only their tails.
+    assert len(first.scheduled) == 4
+    assert first.num_batched_tokens == 35 + 3 * 3
+    hits = [r.num_cached_tokens for r, _ in first.scheduled[1:]]
     assert all(h == 32 for h in hits)
 
 
@@ -129,9 +145,12 @@ def test_n_sequences_share_one_prefill(prefix):
         if not sched.has_unfinished():
             break
         out = sched.schedule()
-        computed += sum(n for r, n in out.scheduled if not r.prefill_done or r.num_computed_tokens + n <= r.num_prompt_tokens)
-        sampled = [7 for r, n in out.scheduled if r.num_computed_tokens + n == r.num_tokens]
-        sched.update(out, sampled)
+        computed += sum(
+            min(n, r.num_prompt_tokens - s)
+            for (r, n), s in zip(out.scheduled, out.starts)
+            if s < r.num_prompt_tokens
+        )
+        sched.update(out, [7] * out.num_sampled)
     # 33 prompt tokens once, then only the last token for each of the three siblings.
     assert computed == 33 + 3
     assert sched.kv.num_available == sched.kv.num_blocks

@@ -35,6 +35,8 @@ _HELP = {
     "seed": "Seed for weight init (dummy) and for unseeded sampling.",
     "attention_backend": "Attention implementation: auto, torch, triton.",
     "enforce_eager": "Disable CUDA graphs (always eager on CPU).",
+    "async_scheduling": "Schedule step N+1 while the device runs step N (hides the host's "
+    "bookkeeping behind the GPU): auto (on with CUDA), on, off.",
 }
 
 
@@ -57,6 +59,7 @@ class EngineArgs:
     seed: int = 0
     attention_backend: str = "auto"
     enforce_eager: bool = False
+    async_scheduling: str = "auto"
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -74,7 +77,11 @@ class EngineArgs:
                 continue
             base = str(f.type).split(" ")[0]
             typ = {"int": int, "float": float}.get(base, str)
-            g.add_argument(flag, type=typ, default=default, help=_HELP[f.name] + " (default: %(default)s)")
+            choices = ["auto", "on", "off"] if f.name == "async_scheduling" else None
+            g.add_argument(
+                flag, type=typ, default=default, choices=choices,
+                help=_HELP[f.name] + " (default: %(default)s)",
+            )
         return parser
 
     @classmethod
@@ -87,6 +94,10 @@ class EngineArgs:
 
         device = resolve_device(self.device)
         dtype = resolve_dtype(self.dtype, device)
+        if self.async_scheduling not in ("auto", "on", "off"):
+            raise ValueError(
+                f"async_scheduling: expected auto, on or off, got {self.async_scheduling!r}."
+            )
         model_config = resolve_model_config(
             self.model,
             tokenizer=self.tokenizer,
@@ -115,4 +126,6 @@ class EngineArgs:
             device=device,
             attention_backend=self.attention_backend,
             enforce_eager=self.enforce_eager or device.type != "cuda",
+            async_scheduling=self.async_scheduling == "on"
+            or (self.async_scheduling == "auto" and device.type == "cuda"),
         )

@@ -1,6 +1,16 @@
 """EngineCore: the busy loop's body. ``step()`` = schedule → execute → update.
 
 The core knows token ids only; text, stop strings and user-facing outputs are the frontend's.
+
+With ``async_scheduling`` a step launches the next batch before it collects the last one, so
+the host's bookkeeping runs while the device computes::
+
+    host:    schedule N+1 │ launch N+1 │ wait N, update N, return N's tokens │ schedule N+2 ...
+    device:  ......... step N ........│............. step N+1 ..............│ ...
+
+Step N+1's inputs that step N samples stay on the device (the runner patches them in). The core
+falls back to one step at a time while a running request's sampling needs host-side history
+(penalties, min_tokens).
 """
 
 from __future__ import annotations
@@ -10,9 +20,15 @@ import logging
 import time
 
 from fulcrum.config import EngineConfig
-from fulcrum.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from fulcrum.engine.protocol import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    SchedulerStats,
+)
+from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.scheduler.scheduler import Scheduler
-from fulcrum.worker.model_runner import ModelRunner
+from fulcrum.worker.model_runner import ModelRunner, StepHandle
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +68,8 @@ class EngineCore:
             self.runner.load_time,
         )
         self.num_steps = 0
+        self.async_scheduling = config.async_scheduling
+        self._inflight: tuple[SchedulerOutput, StepHandle] | None = None
 
     @property
     def num_kv_tokens(self) -> int:
@@ -64,17 +82,34 @@ class EngineCore:
         self.scheduler.abort_requests(request_ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     def step(self) -> EngineCoreOutputs:
+        prev, self._inflight = self._inflight, None
+        outputs: list[EngineCoreOutput] = []
+        if prev is not None and not self._may_overlap():
+            outputs += self._collect(prev)
+            prev = None
         sched_out = self.scheduler.schedule()
-        sampled, logprobs = [], None
         if not sched_out.is_empty:
             tables = [self.scheduler.kv.block_table(r.key) for r, _ in sched_out.scheduled]
-            sampled, logprobs = self.runner.execute(sched_out, tables)
-        outputs = self.scheduler.update(sched_out, sampled, logprobs)
+            self._inflight = (sched_out, self.runner.execute_async(sched_out, tables))
+        if prev is not None:
+            outputs += self._collect(prev)
+        if self._inflight is not None and not self.async_scheduling:
+            outputs += self._collect(self._inflight)
+            self._inflight = None
+        outputs += self.scheduler.take_aborted()
         self.num_steps += 1
         return EngineCoreOutputs(outputs=outputs, stats=self.get_stats(), timestamp=time.time())
+
+    def _may_overlap(self) -> bool:
+        return self.async_scheduling and all(r.overlap_safe for r in self.scheduler.running)
+
+    def _collect(self, inflight: tuple[SchedulerOutput, StepHandle]) -> list[EngineCoreOutput]:
+        sched_out, handle = inflight
+        sampled, logprobs = self.runner.collect(handle)
+        return self.scheduler.update(sched_out, sampled, logprobs)
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.stats()

@@ -30,9 +30,13 @@ class RequestStatus(enum.Enum):
 class Request:
     """Token bookkeeping of one sequence.
 
-    ``all_token_ids = prompt + output``. ``num_computed_tokens`` of them have KV in the cache;
-    a step schedules ``num_tokens - num_computed_tokens`` (or a chunk of it). When a step
-    computes the last known token, its logits are sampled and one token is appended.
+    ``all_token_ids = prompt + output``. ``num_computed_tokens`` have KV in the cache or are
+    being computed by a step already launched (the scheduler advances it when it schedules). A
+    step that reaches the last token samples one; until ``Scheduler.update`` appends it, that
+    token is *pending* (known only on the device)::
+
+        all_token_ids (num_tokens)          pending (one per step in flight that samples it)
+        [ p p p p p o o o o ]               [ x x ]      num_computed <= num_tokens + pending
     """
 
     def __init__(
@@ -56,6 +60,7 @@ class Request:
         self.params = params
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else eos_token_ids)
         self.num_computed_tokens = 0
+        self.num_pending = 0  # sampled by launched steps, not yet appended (<= steps in flight)
         self.num_cached_tokens = -1  # prefix-cache hit at first admission (-1: not yet admitted)
         self.status = RequestStatus.WAITING
         self.arrival_time = arrival_time if arrival_time is not None else time.time()
@@ -66,6 +71,14 @@ class Request:
         self.stop_reason: int | None = None
         # Seeded requests get their own generator (made on the model's device by the runner).
         self.generator: torch.Generator | None = None
+        # Sampling needs no host-side history (penalties, min_tokens), so the next step can be
+        # scheduled before this one's token is known.
+        self.overlap_safe = (
+            params.repetition_penalty == 1.0
+            and params.presence_penalty == 0.0
+            and params.frequency_penalty == 0.0
+            and params.min_tokens == 0
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -78,6 +91,10 @@ class Request:
     @property
     def output_token_ids(self) -> list[int]:
         return self.all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_tokens_with_pending(self) -> int:
+        return len(self.all_token_ids) + self.num_pending
 
     @property
     def prefill_done(self) -> bool:

@@ -4,6 +4,12 @@ Each step hands out ``max_num_batched_tokens``: running requests first (a decode
 unfinished prompt a chunk of what is left), then waiting ones in policy order. When blocks run
 out, the newest running request is preempted: its blocks are freed, it goes back to the front of
 the queue with its output kept, and is recomputed later (its prefix usually still cached).
+
+``schedule`` commits what it hands out (``num_computed_tokens`` advances, full blocks enter the
+prefix cache, a sampling request gets a pending token), so the next step can be scheduled while
+this one still runs on the device; ``update`` later appends the sampled tokens and applies stop
+conditions. A request known to finish by length when its pending token lands is not scheduled
+again; one that stops on a stop token wastes at most the one step already launched.
 """
 
 from __future__ import annotations
@@ -119,8 +125,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if num_new <= 0:
+            num_new = min(req.num_tokens_with_pending - req.num_computed_tokens, budget)
+            if num_new <= 0 or self._finishes_by_length(req):
                 i += 1
                 continue
             while not self.kv.allocate_slots(req.key, req.num_computed_tokens + num_new):
@@ -130,7 +136,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                out.add(req, num_new)
+                self._commit(out, req, num_new)
                 budget -= num_new
                 i += 1
                 continue
@@ -139,6 +145,28 @@ class Scheduler:
         if not out.preempted:
             self._schedule_waiting(out, budget)
         return out
+
+    def _finishes_by_length(self, req: Request) -> bool:
+        """The pending token will end the request (max_tokens / max_model_len): nothing to run."""
+        if not req.num_pending:
+            return False
+        n = req.num_tokens_with_pending
+        return n - req.num_prompt_tokens >= req.params.max_tokens or n >= self.config.max_model_len
+
+    def _commit(self, out: SchedulerOutput, req: Request, num_new: int) -> None:
+        """Add ``req`` to the step and advance it as if the step had already run."""
+        start = req.num_computed_tokens
+        samples = start + num_new == req.num_tokens_with_pending
+        out.add(req, num_new, start, samples)
+        req.num_computed_tokens = start + num_new
+        if samples:
+            req.num_pending += 1
+        if start < req.num_prompt_tokens <= req.num_computed_tokens and req.num_output_tokens == 0:
+            self.prompt_tokens_total += req.num_prompt_tokens
+        # Full blocks of known tokens enter the cache now: a later reader runs after this step
+        # on the device (and within a step, every layer writes its K/V before attending).
+        known = min(req.num_computed_tokens, req.num_tokens)
+        self.kv.cache_blocks(req.key, req.all_token_ids, known, req.cache_salt)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bs = self.block_size
@@ -150,6 +178,8 @@ class Scheduler:
             parent = req.parent
             if parent is not None and not parent.status.finished and not parent.prefill_done:
                 # n > 1: share the sibling's prefill once it is done
+                continue
+            if req.num_pending:  # preempted while its last step runs: wait for its token
                 continue
             blocks, node = self.kv.match_prefix(req.all_token_ids, req.cache_salt)
             if self.kv.tree is None and parent is not None and self.kv.has(parent.key):
@@ -170,9 +200,10 @@ class Scheduler:
             req.num_computed_tokens = num_computed
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            prefilling.append(req)
             admitted.add(id(req))
-            out.add(req, num_new)
+            self._commit(out, req, num_new)
+            if not req.prefill_done:
+                prefilling.append(req)
             budget -= num_new
         if admitted:
             self.waiting = deque(r for r in self.waiting if id(r) not in admitted)
@@ -183,24 +214,24 @@ class Scheduler:
         self,
         out: SchedulerOutput,
         sampled: list[int],
-        logprobs: list[Logprobs] | None = None,
+        logprobs: list[Logprobs | None] | None = None,
     ) -> list[EngineCoreOutput]:
-        """Apply one step's sampled tokens (one per request that reached its last known token)."""
+        """Append one step's sampled tokens (one per ``out.samples`` entry) and apply stops.
+
+        A request that finished or was aborted since the step was scheduled drops its token."""
         results: list[EngineCoreOutput] = []
         k = 0
-        for req, num_new in out.scheduled:
-            req.num_computed_tokens += num_new
-            if req.num_computed_tokens == req.num_prompt_tokens and req.num_output_tokens == 0:
-                self.prompt_tokens_total += req.num_prompt_tokens
-            if req.num_computed_tokens < req.num_tokens:
-                self.kv.cache_blocks(req.key, req.all_token_ids, req.num_computed_tokens, req.cache_salt)
-                continue  # a prefill chunk: nothing sampled yet
+        for (req, _), samples in zip(out.scheduled, out.samples, strict=True):
+            if not samples:
+                continue  # a prefill chunk: nothing sampled
             tok = sampled[k]
             lp = logprobs[k] if logprobs is not None else None
             k += 1
+            req.num_pending -= 1
+            if req.status.finished:
+                continue
             req.append_token(tok)
             self.generation_tokens_total += 1
-            self.kv.cache_blocks(req.key, req.all_token_ids, req.num_computed_tokens, req.cache_salt)
             finish = self._check_stop(req, tok)
             results.append(
                 EngineCoreOutput(
@@ -211,8 +242,11 @@ class Scheduler:
             )
             if finish is not None:
                 self._finish(req)
-        for r in self._aborted:
-            results.append(EngineCoreOutput(r.request_id, r.index, [], finish_reason="abort"))
+        return results
+
+    def take_aborted(self) -> list[EngineCoreOutput]:
+        """One ``abort`` output per sequence aborted since the last call."""
+        results = [EngineCoreOutput(r.request_id, r.index, [], finish_reason="abort") for r in self._aborted]
         self._aborted.clear()
         return results
 
@@ -228,7 +262,10 @@ class Scheduler:
         return None
 
     def _finish(self, req: Request) -> None:
-        self.running.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+        else:  # preempted while its last step ran
+            self.waiting.remove(req)
         self.kv.free(req.key)
         self._drop_if_done(req.request_id)
 

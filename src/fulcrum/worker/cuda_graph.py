@@ -207,16 +207,16 @@ class DecodeGraphs:
 
     # -- replay -------------------------------------------------------------------------------
 
-    def run(
+    def stage(
         self,
         input_ids: np.ndarray,  # [n] int64
         positions: np.ndarray,  # [n] int64
         slots: np.ndarray,  # [n] int64
         table: torch.Tensor,  # [n, width] int32, contiguous host tensor (pinned on CUDA)
-    ) -> torch.Tensor:
-        """One decode step of ``n`` requests; returns logits ``[n, vocab]`` (graph-owned memory,
-        valid until the next replay). The host buffers must not change until the step's
-        results have been read back (the runner's one sync per step guarantees it)."""
+    ) -> int:
+        """Copy one decode step of ``n`` requests into the static inputs; returns its bucket.
+        The host buffers must not change until the copies are done (the runner's staging fence,
+        recorded after this call, guards them)."""
         n, width = table.shape
         b = self.bucket(n)
         assert b is not None and width <= self.max_blocks
@@ -233,6 +233,17 @@ class DecodeGraphs:
         self.tokens.copy_(self._h_tokens, non_blocking=True)
         self.seq_lens.copy_(self._h_seq_lens, non_blocking=True)
         self.block_tables[:n, :width].copy_(table, non_blocking=True)
+        return b
+
+    def replay(self, b: int, n: int) -> torch.Tensor:
+        """Run bucket ``b`` on the staged inputs; returns logits ``[n, vocab]`` (graph-owned
+        memory, valid until the next replay)."""
         self.graphs[b].replay()
         self.num_replays += 1
         return self.outputs[b][:n]
+
+    def run(
+        self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, table: torch.Tensor
+    ) -> torch.Tensor:
+        """``stage`` then ``replay``: one decode step."""
+        return self.replay(self.stage(input_ids, positions, slots, table), table.shape[0])

@@ -1,12 +1,15 @@
 """ModelRunner: owns the model and the KV pool; turns a SchedulerOutput into sampled tokens.
 
-One step, with at most one wait on the device (reading the sampled ids back)::
+A step is launched without waiting on the device and collected later (``execute_async`` then
+``collect``, which waits once, for the sampled ids)::
 
     scheduled requests ─► numpy (ids, positions, slots, block table) in pinned host buffers
+        │  an input token the previous step sampled is not on the host yet: it is patched in
+        │  on the device from that step's sampled ids (asynchronous scheduling)
         ├─ pure decode, n <= largest bucket: copy into the static buffers, replay a CUDA graph
         └─ otherwise (prefill chunks, mixed, eager mode): async copies, eager forward
     logits ─► all plain greedy: argmax │ else the Sampler (penalties, filters, logprobs)
-           ─► one device → host copy of the sampled ids (plus logprobs when a request asked)
+           ─► asynchronous device → host copy of the sampled ids (plus logprobs when asked)
 
 Block tables are mirrored per request in numpy rows that only grow: the KV manager appends
 blocks to a request's table and gives a re-admitted request a new list, so a row is extended
@@ -46,6 +49,16 @@ def _plain_greedy(p: WireSamplingParams) -> bool:
         and p.presence_penalty == 0.0
         and p.frequency_penalty == 0.0
     )
+
+
+@dataclass
+class StepHandle:
+    """A launched step: its sampled ids (and logprobs) on their way to host memory."""
+
+    sampled: torch.Tensor  # host tensor [num sampled rows]
+    event: torch.cuda.Event | None  # set once the copies are done (None: already done)
+    logprobs: list[torch.Tensor] | None = None  # host (logprobs, ids, ranks)
+    reqs: list[Request] | None = None  # the sampled rows' requests (for logprobs)
 
 
 @dataclass
@@ -91,6 +104,9 @@ class ModelRunner:
         self._arange = torch.arange(n_arange, dtype=torch.int32, device=self.device)
         self.graphs: DecodeGraphs | None = None
         self.use_cuda_graphs = False  # True once graphs are captured; benchmarks may toggle it
+        # The last launched step's sampled ids (device) and each request's row in them.
+        self._prev_sampled: torch.Tensor | None = None
+        self._prev_rows: dict[str, int] = {}
         self.timings: dict[str, float] = {"weights_s": self.load_time}
 
     # -- KV cache -----------------------------------------------------------------------------
@@ -234,47 +250,74 @@ class ModelRunner:
         np.stack([st.row[:width] for st in states], out=host.numpy())
         return host
 
-    @staticmethod
-    def _decode_batch(out: SchedulerOutput) -> tuple[np.ndarray, np.ndarray] | None:
-        """(input ids, positions) if every request computes exactly its one last token."""
-        ids: list[int] = []
-        pos: list[int] = []
-        for r, k in out.scheduled:
-            toks = r.all_token_ids
-            c = r.num_computed_tokens
-            if k != 1 or c + 1 != len(toks):
+    def _decode_batch(self, out: SchedulerOutput) -> tuple[np.ndarray, np.ndarray, list, list] | None:
+        """(input ids, positions, patch rows, their rows in the previous step's sampled ids) if
+        every request computes exactly its one last token."""
+        n = len(out.scheduled)
+        ids = np.zeros(n, dtype=np.int64)
+        pos = np.fromiter(out.starts, np.int64, n)
+        dst: list[int] = []
+        src: list[int] = []
+        for i, ((r, k), s, smp) in enumerate(zip(out.scheduled, out.starts, out.samples)):
+            if k != 1 or not smp:
                 return None
-            ids.append(toks[c])
-            pos.append(c)
-        return np.array(ids, dtype=np.int64), np.array(pos, dtype=np.int64)
+            toks = r.all_token_ids
+            if s < len(toks):
+                ids[i] = toks[s]
+            else:  # sampled by the step still running
+                dst.append(i)
+                src.append(self._prev_rows[r.key])
+        return ids, pos, dst, src
+
+    def _patch(self, ids: torch.Tensor, dst: list[int], src: list[int]) -> None:
+        """``ids[dst] = previous step's sampled[src]``, on the device."""
+        if not dst:
+            return
+        assert self._prev_sampled is not None
+        idx = self._staging.put("patch", np.array([dst, src], dtype=np.int64), torch.int64)
+        ids.index_copy_(0, idx[0], self._prev_sampled.index_select(0, idx[1]))
 
     @torch.inference_mode()
     def execute(
         self, out: SchedulerOutput, block_tables: list[list[int]]
     ) -> tuple[list[int], list[Logprobs | None] | None]:
-        if not out.scheduled:
-            return [], None
-        self._staging.wait()
+        """Run one step and wait for it."""
+        return self.collect(self.execute_async(out, block_tables))
+
+    @torch.inference_mode()
+    def execute_async(self, out: SchedulerOutput, block_tables: list[list[int]]) -> StepHandle:
+        """Launch one step; ``collect`` returns its sampled tokens."""
+        self._staging.wait()  # the previous step's host → device copies are done
         states = self._request_states(out, block_tables)
         dec = self._decode_batch(out)
         if dec is not None:
             logits = self._decode_step(*dec, states)
             return self._sample(logits, [r for r, _ in out.scheduled], states)
         logits, rows = self._general_step(out, states)
-        if not rows:
-            return [], None
         return self._sample(logits, [out.scheduled[i][0] for i in rows], [states[i] for i in rows])
 
+    def collect(self, h: StepHandle) -> tuple[list[int], list[Logprobs | None] | None]:
+        """Wait for a launched step; its sampled ids (and logprobs) as Python lists."""
+        if h.event is not None:
+            h.event.synchronize()
+        sampled = h.sampled.tolist()
+        if h.logprobs is None:
+            return sampled, None
+        lps, ids, ranks = (t.tolist() for t in h.logprobs)
+        assert h.reqs is not None
+        return sampled, self._logprobs(h.reqs, lps, ids, ranks)
+
     def _decode_step(
-        self, ids: np.ndarray, pos: np.ndarray, states: list[_ReqState]
+        self, ids: np.ndarray, pos: np.ndarray, dst: list[int], src: list[int], states: list[_ReqState]
     ) -> torch.Tensor:
         bs, n = self.block_size, len(ids)
         table = self._table(states, int(pos.max()) // bs + 1)
         slots = table.numpy()[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
         if self.use_cuda_graphs and self.graphs is not None and self.graphs.bucket(n):
-            logits = self.graphs.run(ids, pos, slots, table)
+            b = self.graphs.stage(ids, pos, slots, table)
+            self._patch(self.graphs.tokens[0, :n], dst, src)
             self._staging.fence()
-            return logits
+            return self.graphs.replay(b, n)
         seq_lens = pos + 1
         st, dev = self._staging, self.device
         meta = AttentionMetadata(
@@ -289,10 +332,11 @@ class ModelRunner:
             query_start_loc_cpu=list(range(n + 1)),
             seq_lens_cpu=seq_lens.tolist(),
         )
-        hidden = self.model(
-            st.put("ids", ids, torch.int64), st.put("pos", pos, torch.int64), self.kv_caches, meta
-        )
+        ids_dev = st.put("ids", ids, torch.int64)
+        self._patch(ids_dev, dst, src)
+        pos_dev = st.put("pos", pos, torch.int64)
         st.fence()
+        hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
         return self.model.compute_logits(hidden)
 
     def _general_step(
@@ -300,20 +344,25 @@ class ModelRunner:
     ) -> tuple[torch.Tensor | None, list[int]]:
         """Prefill chunks and mixed batches, eagerly; returns logits of the rows to sample."""
         bs, n = self.block_size, len(out.scheduled)
-        starts = np.fromiter((r.num_computed_tokens for r, _ in out.scheduled), np.int64, n)
+        starts = np.fromiter(out.starts, np.int64, n)
         counts = np.fromiter((k for _, k in out.scheduled), np.int64, n)
         qsl = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(counts, out=qsl[1:])
         total = int(qsl[-1])
         req_of_tok = np.repeat(np.arange(n), counts)
         positions = np.arange(total, dtype=np.int64) - qsl[req_of_tok] + starts[req_of_tok]
-        ids = np.empty(total, dtype=np.int64)
-        rows: list[int] = []
+        ids = np.zeros(total, dtype=np.int64)
+        dst: list[int] = []
+        src: list[int] = []
         for i, (r, k) in enumerate(out.scheduled):
-            s = int(starts[i])
-            ids[qsl[i] : qsl[i + 1]] = r.all_token_ids[s : s + k]
-            if s + k == r.num_tokens:
-                rows.append(i)
+            s, a, toks = int(starts[i]), int(qsl[i]), r.all_token_ids
+            known = min(k, len(toks) - s)
+            ids[a : a + known] = toks[s : s + known]
+            if known < k:  # the last input was sampled by the step still running
+                assert known == k - 1, "at most one pending token per request"
+                dst.append(a + k - 1)
+                src.append(self._prev_rows[r.key])
+        rows = [i for i, smp in enumerate(out.samples) if smp]
         table = self._table(states, max(st.filled for st in states))
         tnp = table.numpy()
         slots = tnp[req_of_tok, positions // bs].astype(np.int64) * bs + positions % bs
@@ -331,46 +380,48 @@ class ModelRunner:
             query_start_loc_cpu=qsl.tolist(),
             seq_lens_cpu=seq_lens.tolist(),
         )
-        hidden = self.model(
-            st.put("ids", ids, torch.int64),
-            st.put("pos", positions, torch.int64),
-            self.kv_caches,
-            meta,
-        )
-        if not rows:
-            st.fence()
-            return None, rows
-        last = st.put("last", qsl[1:][rows] - 1, torch.int64)
+        ids_dev = st.put("ids", ids, torch.int64)
+        self._patch(ids_dev, dst, src)
+        pos_dev = st.put("pos", positions, torch.int64)
+        last = st.put("last", qsl[1:][rows] - 1, torch.int64) if rows else None
         st.fence()
+        hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
+        if last is None:
+            return None, rows
         return self.model.compute_logits(hidden[last]), rows
 
     # -- sampling -----------------------------------------------------------------------------
 
     def _sample(
-        self, logits: torch.Tensor, reqs: list[Request], states: list[_ReqState]
-    ) -> tuple[list[int], list[Logprobs | None] | None]:
+        self, logits: torch.Tensor | None, reqs: list[Request], states: list[_ReqState]
+    ) -> StepHandle:
+        """Sample on the device and start copying the result to the host."""
+        self._prev_rows = {r.key: i for i, r in enumerate(reqs)}
+        if logits is None:  # prefill chunks only
+            self._prev_sampled = None
+            return StepHandle(torch.empty(0, dtype=torch.int64), None)
+        extra: list[torch.Tensor] = []
         if all(st.plain_greedy for st in states):
-            return logits.argmax(dim=-1).tolist(), None  # the step's one device → host copy
-        result = self.sampler(logits.float(), self._sampling_metadata(reqs))
-        if result.logprobs is None:
-            return result.sampled_token_ids.tolist(), None
-        sampled, lps, ids, ranks = self._to_host(
-            result.sampled_token_ids,
-            result.logprobs,
-            result.logprob_token_ids,
-            result.sampled_ranks,
-        )
-        return sampled.tolist(), self._logprobs(reqs, lps.tolist(), ids.tolist(), ranks.tolist())
+            sampled = logits.argmax(dim=-1)
+        else:
+            result = self.sampler(logits.float(), self._sampling_metadata(reqs))
+            sampled = result.sampled_token_ids.to(torch.int64)
+            if result.logprobs is not None:
+                extra = [result.logprobs, result.logprob_token_ids, result.sampled_ranks]
+        self._prev_sampled = sampled
+        host, event = self._to_host(sampled, *extra)
+        return StepHandle(host[0], event, host[1:] or None, reqs if extra else None)
 
-    def _to_host(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
-        """Several device tensors to the host with one wait."""
+    def _to_host(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+        """Start copying device tensors to (pinned) host memory; the event marks them done."""
         if self.device.type != "cuda":
-            return list(tensors)
+            return list(tensors), None
         outs = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
         for o, t in zip(outs, tensors, strict=True):
             o.copy_(t, non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()
-        return outs
+        event = torch.cuda.Event()
+        event.record()
+        return outs, event
 
     def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
         for r in reqs:

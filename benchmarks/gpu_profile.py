@@ -1,0 +1,196 @@
+"""Where a step's time goes on the GPU: device time per step (CUDA events around graph replays),
+wall time per engine step, and the kernels of one eager step (torch.profiler), for
+
+    decode  batch 1 at a 1,000-token context        (the single-stream latency case)
+    decode  batch 384 at a ~1,500-token context      (the 1,000/1,000 throughput case)
+    mixed   the same 384 decodes plus new 1,000-token prompts filling the step budget
+
+    python benchmarks/gpu_profile.py [--out DIR]   (Llama-3.1-8B shape, dummy weights, bf16)
+
+Prints a table per case and writes DIR/profile.json. ``FULCRUM_BENCH_SMOKE=N`` runs a CPU dry run
+on the SmolLM2 shape (see gpu_h200.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_h200 as g  # noqa: E402
+
+
+def _add(llm, n: int, n_in: int, n_out: int, seed: int) -> list[str]:
+    from fulcrum import SamplingParams
+
+    rng = random.Random(seed)
+    sp = SamplingParams(temperature=0, max_tokens=n_out, ignore_eos=True)
+    top = min(120000, llm.core.config.model_config.vocab_size)
+    return [llm._add([rng.randrange(1000, top) for _ in range(n_in)], sp) for _ in range(n)]
+
+
+def _step_until(core, pred, limit: int = 100000) -> None:
+    for _ in range(limit):
+        if pred():
+            return
+        core.step()
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _replay_ms(runner, batch: int, iters: int = 50) -> float | None:
+    """Device time of one decode-graph replay (static inputs as the last real step left them)."""
+    import torch
+
+    graphs = runner.graphs
+    if graphs is None or not torch.cuda.is_available():
+        return None
+    b = graphs.bucket(batch)
+    graph = graphs.graphs[b]
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def _wall_ms(core, steps: int) -> dict:
+    """Median wall time of engine steps and of the runner's execute inside them."""
+    runner = core.runner
+    orig = runner.execute
+    ex: list[float] = []
+
+    def timed(out, tables):
+        t0 = time.perf_counter()
+        res = orig(out, tables)
+        ex.append(time.perf_counter() - t0)
+        return res
+
+    runner.execute = timed
+    walls = []
+    try:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            core.step()
+            walls.append(time.perf_counter() - t0)
+    finally:
+        runner.execute = orig
+    return {"step_ms": 1e3 * g._median(walls), "execute_ms": 1e3 * g._median(ex)}
+
+
+def _kernels(core, steps: int, eager: bool = True, top: int = 25) -> dict:
+    """Kernel time per step of ``steps`` engine steps (eager: graphs show as one launch)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = core.runner
+    was = runner.use_cuda_graphs
+    runner.use_cuda_graphs = not eager and was
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    try:
+        core.step()  # warm the eager path
+        _sync()
+        with profile(activities=acts) as prof:
+            for _ in range(steps):
+                core.step()
+            _sync()
+    finally:
+        runner.use_cuda_graphs = was
+    rows = []
+    for e in prof.key_averages():
+        dev = getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0)
+        if dev > 0 and e.device_type.name == "CUDA":
+            rows.append((dev / steps / 1e3, e.count // steps, e.key[:90]))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    launches = sum(r[1] for r in rows)
+    return {
+        "device_ms_per_step": total,
+        "kernels_per_step": launches,
+        "top": [{"ms": round(ms, 4), "count": c, "name": k} for ms, c, k in rows[:top]],
+    }
+
+
+def main() -> None:
+    import logging
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="folder for profile.json")
+    ap.add_argument("--batch", type=int, default=384, help="decode batch of the large case")
+    ap.add_argument("--ctx", type=int, default=1500, help="prompt tokens of the large case")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from fulcrum import LLM
+
+    llm = LLM(g.MODEL, **g.ENGINE)
+    core = llm.core
+    res: dict = {"engine": g.ENGINE, "model": g.MODEL}
+    smoke = g.SMOKE or 1
+    batch, ctx = max(1, args.batch // smoke), max(8, args.ctx // smoke)
+
+    # 1. batch 1
+    _add(llm, 1, 1000 // smoke, 400, 1)
+    _step_until(core, lambda: all(r.num_output_tokens > 2 for r in core.scheduler.running))
+    res["decode_b1"] = {
+        "graph_replay_ms": _replay_ms(core.runner, 1),
+        **_wall_ms(core, 30),
+        "floor_ms": 1e3 * g.decode_floor_s(1, 1000),
+        "eager": _kernels(core, 3),
+    }
+    print(json.dumps({"decode_b1": res["decode_b1"]}, indent=1), flush=True)
+    core.abort_requests(list(core.scheduler.requests))
+    _step_until(core, lambda: not core.has_unfinished_requests())
+
+    # 2. batch 384 at ~1.5k context
+    _add(llm, batch, ctx, 400, 2)
+    _step_until(
+        core,
+        lambda: len(core.scheduler.running) == batch
+        and all(r.num_output_tokens > 2 for r in core.scheduler.running),
+    )
+    res["decode_large"] = {
+        "batch": batch,
+        "ctx": ctx,
+        "graph_replay_ms": _replay_ms(core.runner, batch, 10),
+        **_wall_ms(core, 10),
+        "floor_ms": 1e3 * g.decode_floor_s(batch, ctx),
+        "eager": _kernels(core, 2),
+    }
+    print(json.dumps({"decode_large": res["decode_large"]}, indent=1), flush=True)
+
+    # 3. mixed: new prompts join the running decodes
+    budget = core.config.scheduler_config.max_num_batched_tokens
+    n_new = max(1, (budget - batch) // (1000 // smoke))
+    core.abort_requests(list(core.scheduler.requests)[:n_new])  # make room under max_num_seqs
+    core.step()
+    _add(llm, n_new, 1000 // smoke, 8, 3)
+    t0 = time.perf_counter()
+    core.step()
+    _sync()
+    first = time.perf_counter() - t0
+    res["mixed"] = {
+        "new_prompts": n_new,
+        "first_step_ms": 1e3 * first,
+        "eager": _kernels(core, 2),
+    }
+    print(json.dumps({"mixed": res["mixed"]}, indent=1), flush=True)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "profile.json"), "w") as fh:
+            json.dump(res, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
