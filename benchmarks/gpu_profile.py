@@ -123,6 +123,49 @@ def _kernels(core, steps: int, eager: bool = True, top: int = 25) -> dict:
     }
 
 
+def _timeline(core, steps: int) -> dict:
+    """Graphs and asynchronous scheduling as configured: how much of the wall time the device
+    is busy, and the longest idle gaps between its operations (host work not hidden)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return {}
+    core.step()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            core.step()
+        wall = time.perf_counter() - t0
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start
+    )
+    if not spans:
+        return {"wall_ms_per_step": 1e3 * wall / steps, "device_events": 0}
+    busy, gaps = 0.0, []
+    cur_s, cur_e = spans[0]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            gaps.append(s - cur_e)
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    span_us = spans[-1][1] - spans[0][0]
+    gaps.sort(reverse=True)
+    return {
+        "wall_ms_per_step": 1e3 * wall / steps,
+        "device_span_ms_per_step": span_us / 1e3 / steps,
+        "device_busy_ms_per_step": busy / 1e3 / steps,
+        "idle_gaps_us_top": [round(g, 1) for g in gaps[:12]],
+        "idle_gaps_over_20us": sum(1 for g in gaps if g > 20),
+        "idle_us_per_step": sum(gaps) / steps,
+    }
+
+
 def main() -> None:
     import logging
 
@@ -147,6 +190,7 @@ def main() -> None:
         "graph_replay_ms": _replay_ms(core.runner, 1),
         **_wall_ms(core, 30),
         "floor_ms": 1e3 * g.decode_floor_s(1, 1000),
+        "timeline": _timeline(core, 20),
         "eager": _kernels(core, 3),
     }
     print(json.dumps({"decode_b1": res["decode_b1"]}, indent=1), flush=True)
@@ -166,6 +210,7 @@ def main() -> None:
         "graph_replay_ms": _replay_ms(core.runner, batch, 10),
         **_wall_ms(core, 10),
         "floor_ms": 1e3 * g.decode_floor_s(batch, ctx),
+        "timeline": _timeline(core, 5),
         "eager": _kernels(core, 2),
     }
     print(json.dumps({"decode_large": res["decode_large"]}, indent=1), flush=True)

@@ -36,8 +36,10 @@ logger = logging.getLogger(__name__)
 
 MAX_CAPTURE_SIZE = 512
 
-# forward(input_ids, positions, meta) -> logits [num_tokens, vocab]
-DecodeForward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
+# forward(input_ids, positions, meta) -> (logits [num_tokens, vocab], greedy ids [num_tokens])
+DecodeForward = Callable[
+    [torch.Tensor, torch.Tensor, AttentionMetadata], tuple[torch.Tensor, torch.Tensor]
+]
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -97,12 +99,13 @@ class _EmulatedGraph:
     """Stands in for ``torch.cuda.CUDAGraph`` off CUDA: replay re-runs the captured function on
     the same static buffers, so the padding and buffer logic can be checked on the CPU."""
 
-    def __init__(self, fn: Callable[[], torch.Tensor]) -> None:
+    def __init__(self, fn: Callable[[], tuple[torch.Tensor, ...]]) -> None:
         self.fn = fn
         self.output = fn()
 
     def replay(self) -> None:
-        self.output.copy_(self.fn())
+        for out, new in zip(self.output, self.fn(), strict=True):
+            out.copy_(new)
 
 
 class DecodeGraphs:
@@ -138,7 +141,7 @@ class DecodeGraphs:
         self.h_tokens = self._h_tokens.numpy()
         self.h_seq_lens = self._h_seq_lens.numpy()
         self.graphs: dict[int, torch.cuda.CUDAGraph | _EmulatedGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.pool = None
         self.capture_time = 0.0
         self.num_replays = 0
@@ -168,7 +171,7 @@ class DecodeGraphs:
             seq_lens_cpu=[0] * b,
         )
 
-    def _run_static(self, b: int) -> torch.Tensor:
+    def _run_static(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward(self.tokens[0, :b], self.tokens[1, :b], self._meta(b))
 
     def _fill_padding(self) -> None:
@@ -235,15 +238,16 @@ class DecodeGraphs:
         self.block_tables[:n, :width].copy_(table, non_blocking=True)
         return b
 
-    def replay(self, b: int, n: int) -> torch.Tensor:
-        """Run bucket ``b`` on the staged inputs; returns logits ``[n, vocab]`` (graph-owned
-        memory, valid until the next replay)."""
+    def replay(self, b: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run bucket ``b`` on the staged inputs; returns logits ``[n, vocab]`` and their greedy
+        ids ``[n]`` (graph-owned memory, valid until the next replay)."""
         self.graphs[b].replay()
         self.num_replays += 1
-        return self.outputs[b][:n]
+        logits, ids = self.outputs[b]
+        return logits[:n], ids[:n]
 
     def run(
         self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, table: torch.Tensor
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``stage`` then ``replay``: one decode step."""
         return self.replay(self.stage(input_ids, positions, slots, table), table.shape[0])

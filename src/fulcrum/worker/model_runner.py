@@ -32,7 +32,7 @@ from fulcrum.engine.request import Request
 from fulcrum.model.loader.weights import load_model
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.cuda_graph import DecodeGraphs, HostStaging, capture_sizes
-from fulcrum.worker.sampler import Sampler, SamplingMetadata
+from fulcrum.worker.sampler import Sampler, SamplingMetadata, greedy_argmax
 
 logger = logging.getLogger(__name__)
 
@@ -187,8 +187,9 @@ class ModelRunner:
 
     def _decode_logits(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        return self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
+        return logits, greedy_argmax(logits)
 
     def capture_graphs(self, emulate: bool = False) -> None:
         """Capture decode graphs for every bucket up to ``max_num_seqs`` (capped at 512).
@@ -291,8 +292,8 @@ class ModelRunner:
         states = self._request_states(out, block_tables)
         dec = self._decode_batch(out)
         if dec is not None:
-            logits = self._decode_step(*dec, states)
-            return self._sample(logits, [r for r, _ in out.scheduled], states)
+            logits, greedy = self._decode_step(*dec, states)
+            return self._sample(logits, [r for r, _ in out.scheduled], states, greedy)
         logits, rows = self._general_step(out, states)
         return self._sample(logits, [out.scheduled[i][0] for i in rows], [states[i] for i in rows])
 
@@ -309,7 +310,8 @@ class ModelRunner:
 
     def _decode_step(
         self, ids: np.ndarray, pos: np.ndarray, dst: list[int], src: list[int], states: list[_ReqState]
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits of a pure-decode batch, and their greedy ids when a CUDA graph computed them."""
         bs, n = self.block_size, len(ids)
         table = self._table(states, int(pos.max()) // bs + 1)
         slots = table.numpy()[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
@@ -337,7 +339,7 @@ class ModelRunner:
         pos_dev = st.put("pos", pos, torch.int64)
         st.fence()
         hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden), None
 
     def _general_step(
         self, out: SchedulerOutput, states: list[_ReqState]
@@ -393,7 +395,11 @@ class ModelRunner:
     # -- sampling -----------------------------------------------------------------------------
 
     def _sample(
-        self, logits: torch.Tensor | None, reqs: list[Request], states: list[_ReqState]
+        self,
+        logits: torch.Tensor | None,
+        reqs: list[Request],
+        states: list[_ReqState],
+        greedy: torch.Tensor | None = None,
     ) -> StepHandle:
         """Sample on the device and start copying the result to the host."""
         self._prev_rows = {r.key: i for i, r in enumerate(reqs)}
@@ -402,7 +408,7 @@ class ModelRunner:
             return StepHandle(torch.empty(0, dtype=torch.int64), None)
         extra: list[torch.Tensor] = []
         if all(st.plain_greedy for st in states):
-            sampled = logits.argmax(dim=-1)
+            sampled = greedy if greedy is not None else greedy_argmax(logits)
         else:
             result = self.sampler(logits.float(), self._sampling_metadata(reqs))
             sampled = result.sampled_token_ids.to(torch.int64)
