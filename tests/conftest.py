@@ -8,11 +8,16 @@ import pytest
 import torch
 
 from model_factory import make_tiny_model
+from triton_interp import fix_interpreter_index
 
 # Triton decides at import whether kernels run on the GPU or in its CPU interpreter.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    fix_interpreter_index()
 
 
 @pytest.fixture(scope="session")

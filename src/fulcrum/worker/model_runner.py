@@ -420,8 +420,8 @@ class ModelRunner:
 
     def _to_host(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
         """Start copying device tensors to (pinned) host memory; the event marks them done."""
-        if self.device.type != "cuda":
-            return list(tensors), None
+        if self.device.type != "cuda":  # copies too: graph outputs are overwritten by the next step
+            return [t.clone() for t in tensors], None
         outs = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
         for o, t in zip(outs, tensors, strict=True):
             o.copy_(t, non_blocking=True)
