@@ -4,9 +4,10 @@ transformers on a sub-sample of the same workload, each beside its physical floo
     python benchmarks/gpu_h200.py --out DIR [--deadline 500]
 
 Phases run as separate processes, each with a time cap (a phase that runs out stops and says
-so): ``tests`` (tests/gpu/test_engine_gpu.py), ``fulcrum`` (single-stream ITL with and without
-CUDA graphs, TTFT, 128/128, 64 x 1000/128, 2048/128, 1000/1000), ``hf`` (transformers
-``generate`` static batch and ``generate_batch``), ``cold`` (process start to first token).
+so): ``tests`` (tests/gpu), ``fulcrum`` (single-stream ITL with and without CUDA graphs and
+asynchronous scheduling, TTFT, 128/128, 64 x 1000/128, 2048/128, 1000/1000), ``fp8`` (the same
+engine with an FP8 KV cache: ITL and 1000/1000), ``hf`` (transformers ``generate`` static batch
+and ``generate_batch``), ``cold`` (process start to first token).
 Every result is a ``RESULT {json}`` line in DIR/<phase>.log; all of them end in DIR/bench.json.
 
 Floors (H200: 4.28 TB/s copy, 790 TFLOP/s bf16): a decode step of batch B at mean context C
@@ -199,7 +200,8 @@ def _gpu_memory() -> dict:
     }
 
 
-def phase_fulcrum(cap: float) -> None:
+def phase_fulcrum(cap: float, kv_cache_dtype: str = "auto") -> None:
+    """The bf16 engine (all sections), or with an FP8 KV cache (latency and 1,000/1,000)."""
     import logging
 
     from fulcrum import LLM
@@ -207,7 +209,8 @@ def phase_fulcrum(cap: float) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     t_end = time.perf_counter() + cap
     t0 = time.perf_counter()
-    llm = LLM(MODEL, **ENGINE)
+    engine = {**ENGINE, "kv_cache_dtype": kv_cache_dtype}
+    llm = LLM(MODEL, **engine)
     runner = llm.core.runner
     emit(
         "engine",
@@ -215,10 +218,12 @@ def phase_fulcrum(cap: float) -> None:
         timings=runner.timings,
         kv_tokens=llm.core.num_kv_tokens,
         graphs=runner.graphs.sizes if runner.graphs else None,
-        config=ENGINE,
+        config=engine,
     )
     drv = Driver(llm)
-    for section in (bench_itl, bench_prefill, bench_throughput):
+    fp8 = kv_cache_dtype != "auto"
+    sections = (bench_itl, bench_long_throughput) if fp8 else (bench_itl, bench_prefill, bench_throughput)
+    for section in sections:
         try:
             section(drv, t_end)
         except Exception as e:  # keep the other sections' numbers
@@ -289,6 +294,16 @@ def bench_throughput(drv: Driver, t_end: float) -> None:
             torch.cuda.reset_peak_memory_stats()
         r = drv.run(workload(n, n_in, n_out, 7), time.perf_counter() + min(own_cap, left - 2))
         emit("throughput", workload=name, **r, **_gpu_memory())
+
+
+def bench_long_throughput(drv: Driver, t_end: float) -> None:
+    """a. The 1,000/1,000 workload alone (the FP8 KV cache run)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    r = drv.run(workload(1000, 1000, 1000, 7), t_end - 2)
+    emit("throughput", workload="1000/1000", **r, **_gpu_memory())
 
 
 # -- transformers -------------------------------------------------------------------------------
@@ -428,21 +443,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--deadline", type=float, default=500.0, help="whole run, seconds")
-    ap.add_argument("--phase", choices=["fulcrum", "hf"], help=argparse.SUPPRESS)
+    ap.add_argument("--phase", choices=["fulcrum", "fp8", "hf"], help=argparse.SUPPRESS)
     ap.add_argument("--cap", type=float, default=200.0, help=argparse.SUPPRESS)
     ap.add_argument("--skip", default="", help="comma-separated phases to skip")
     args = ap.parse_args()
     if args.phase == "fulcrum":
         return phase_fulcrum(args.cap)
+    if args.phase == "fp8":
+        return phase_fulcrum(args.cap, kv_cache_dtype="fp8")
     if args.phase == "hf":
         return phase_hf(args.cap)
     os.makedirs(args.out, exist_ok=True)
     t_end = time.perf_counter() + args.deadline
     me, py = os.path.abspath(__file__), sys.executable
-    pytest = [py, "-m", "pytest", "tests/gpu/test_engine_gpu.py", "-q", "-rs"]
+    pytest = [py, "-m", "pytest", "tests/gpu", "-q", "-rs"]
     plan = [  # (name, command, cap in seconds; None: what the later phases leave)
-        ("tests", [*pytest, "-p", "no:cacheprovider"], 110.0),
+        ("tests", [*pytest, "-p", "no:cacheprovider"], 130.0),
         ("fulcrum", [py, me, "--out", args.out, "--phase", "fulcrum"], None),
+        ("fp8", [py, me, "--out", args.out, "--phase", "fp8"], 130.0),
         ("hf", [py, me, "--out", args.out, "--phase", "hf"], 80.0),
         ("cold", [py, "-c", COLD.format(model=MODEL, engine=ENGINE)], 70.0),
     ]
@@ -458,7 +476,7 @@ def main() -> None:
         if cap < 10:
             results.append({"name": f"{name}_exit", "rc": "skipped: out of time"})
             continue
-        if name in ("fulcrum", "hf"):
+        if name in ("fulcrum", "fp8", "hf"):
             cmd = [*cmd, "--cap", str(cap - 8)]
         results += run_phase(name, cmd, cap, args.out, {"T_SPAWN": repr(time.time())})
         with open(os.path.join(args.out, "bench.json"), "w") as fh:

@@ -78,3 +78,14 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> 
             )
         outs.append(out[0, len(p) :].tolist())
     return outs
+
+
+def assert_first_divergence_in_top(ours, our_top, ref, ref_top, what: str) -> None:
+    """Where two greedy sequences first differ, each side's token is in the other's top-k."""
+    for j, (a, b) in enumerate(zip(ours, ref, strict=False)):
+        if a != b:
+            assert a in ref_top[j] and b in our_top[j], (
+                f"{what}: step {j} fulcrum {a} (top {our_top[j]}) vs reference {b} "
+                f"(top {ref_top[j]})"
+            )
+            return

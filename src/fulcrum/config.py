@@ -88,8 +88,16 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
+    cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8" (see kv_cache.dtype)
 
     def __post_init__(self) -> None:
+        from fulcrum.kv_cache.dtype import KV_CACHE_DTYPES
+
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype: expected one of {', '.join(KV_CACHE_DTYPES)}, got "
+                f"{self.cache_dtype!r}."
+            )
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 from fulcrum import LLM, SamplingParams  # noqa: E402
-from model_factory import make_tiny_model  # noqa: E402
+from model_factory import assert_first_divergence_in_top, make_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -42,16 +42,6 @@ def _generate(llm: LLM, prompts: list[list[int]], max_tokens: list[int], logprob
         for o in outs
     ]
     return tokens, tops
-
-
-def assert_first_divergence_in_top(ours, our_top, ref, ref_top, what: str) -> None:
-    for j, (a, b) in enumerate(zip(ours, ref, strict=False)):
-        if a != b:
-            assert a in ref_top[j] and b in our_top[j], (
-                f"{what}: step {j} fulcrum {a} (top {our_top[j]}) vs reference {b} "
-                f"(top {ref_top[j]})"
-            )
-            return
 
 
 @pytest.fixture(autouse=True)
@@ -168,3 +158,15 @@ def test_logprobs_close_to_transformers_smollm2() -> None:
         "Once upon a time, in a small village,",
     ]
     _check_against_hf(model_dir, [tok(t).input_ids for t in texts], 32)
+
+
+def test_fp8_kv_cache_close_to_transformers_tiny(tiny_llama: str) -> None:
+    """bf16 weights with an FP8 KV cache (Triton kernels, CUDA graphs) against transformers."""
+    prompts = _prompts(6, 320, seed=9)
+    ref, ref_top = _hf_greedy_top(tiny_llama, prompts, 24)
+    llm = LLM(tiny_llama, device="cuda", dtype="bfloat16", num_kv_blocks=2048, max_num_seqs=16,
+              kv_cache_dtype="fp8", max_num_batched_tokens=64)
+    assert llm.core.runner.kv_caches[0].dtype == torch.float8_e4m3fn
+    got, got_top = _generate(llm, prompts, [24] * len(prompts), TOP)
+    for i in range(len(prompts)):
+        assert_first_divergence_in_top(got[i], got_top[i], ref[i], ref_top[i], f"prompt {i}")

@@ -183,3 +183,37 @@ def test_pointwise_kernels_llama8b(dtype: torch.dtype) -> None:
     out_q, out_k = apply_rotary(q, k, pos, cache)
     torch.testing.assert_close(out_q, ref_q, **_tol(dtype))
     torch.testing.assert_close(out_k, ref_k, **_tol(dtype))
+
+
+FP8 = torch.float8_e4m3fn
+
+
+def test_fp8_cache_kernels_llama8b() -> None:
+    """FP8 KV cache at real shapes: writes round like torch's conversion (and saturate), decode
+    and prefill read the same FP8 values as the fp32 references."""
+    g = _gen(6)
+    cache, meta = make_paged_batch(
+        [4000, 17, 2048, 1000], [4000, 1, 1024, 1], HKV, D, PAGE, device="cuda", generator=g
+    )
+    cache = cache.to(FP8)
+    t = meta.num_tokens
+    k, v = (torch.randn(t, HKV, D, device="cuda", dtype=torch.bfloat16) * 3 for _ in "kv")
+    k[0, 0, :2] = torch.tensor([1e4, -1e4], device="cuda")
+    ref = cache.clone()
+    reshape_and_cache(k, v, cache, meta.slot_mapping)
+    reshape_and_cache_ref(k, v, ref, meta.slot_mapping)
+    assert torch.equal(cache.view(torch.uint8), ref.view(torch.uint8))
+    assert torch.isfinite(cache.float()).all()
+    q = torch.randn(t, HQ, D, device="cuda", dtype=torch.bfloat16)
+    args = (q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+    out = prefill_attention(*args, meta.max_query_len, D**-0.5)
+    want = prefill_attention_ref(*args, D**-0.5)
+    torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
+    dec_rows = meta.query_start_loc[1:][[1, 3]] - 1
+    dec = decode_attention(
+        q[dec_rows], cache, meta.block_tables[[1, 3]], meta.seq_lens[[1, 3]], D**-0.5
+    )
+    want = decode_attention_ref(
+        q[dec_rows], cache, meta.block_tables[[1, 3]], meta.seq_lens[[1, 3]], D**-0.5
+    )
+    torch.testing.assert_close(dec, want, atol=2e-2, rtol=2e-2)

@@ -71,3 +71,17 @@ def test_decode_empty_context_gives_zeros() -> None:
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     ref = decode_attention_ref(q[:1], cache, meta.block_tables[:1], seq_lens[:1], 0.1)
     torch.testing.assert_close(out[:1], ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_fp8_cache_matches_ref(num_splits: int) -> None:
+    """An FP8 cache: the kernel widens K/V to the query's dtype; the reference reads the same
+    FP8 values in fp32."""
+    g = torch.Generator().manual_seed(21 + num_splits)
+    seq_lens = [5, 37, 70]
+    cache, meta = make_paged_batch(seq_lens, [1] * 3, 2, 64, 16, generator=g)
+    cache = cache.to(torch.float8_e4m3fn)
+    q = torch.randn(3, 8, 64, generator=g)
+    out = decode_attention(q, cache, meta.block_tables, meta.seq_lens, 0.125, num_splits=num_splits)
+    ref = decode_attention_ref(q, cache, meta.block_tables, meta.seq_lens, 0.125)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)

@@ -58,3 +58,15 @@ def test_prefill_work_lists_each_query_block_once_heaviest_first() -> None:
     with_decode = prefill_work(qsl, seq_lens, 4, skip_decode=False).tolist()
     assert [0, 0] in with_decode and len(with_decode) == 6
     assert prefill_work([0, 1, 2], [5, 9], 4, skip_decode=True).shape == (0, 2)
+
+
+def test_prefill_fp8_cache_matches_ref() -> None:
+    g = torch.Generator().manual_seed(31)
+    seq_lens, query_lens = BATCH
+    cache, meta = make_paged_batch(seq_lens, query_lens, 2, 64, 16, generator=g)
+    cache = cache.to(torch.float8_e4m3fn)
+    q = torch.randn(meta.num_tokens, 6, 64, generator=g)
+    args = (q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+    out = prefill_attention(*args, meta.max_query_len, 0.125)
+    ref = prefill_attention_ref(*args, 0.125)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)

@@ -31,3 +31,24 @@ def test_reshape_and_cache_matches_ref(num_kv_heads: int, head_dim: int, page_si
     untouched = torch.ones(flat.shape[1], dtype=torch.bool)
     untouched[meta.slot_mapping[real]] = False
     assert torch.equal(flat[:, untouched], ref.view_as(flat)[:, untouched])
+
+
+def test_reshape_and_cache_fp8_saturates() -> None:
+    """FP8-representable values land exactly and out-of-range ones saturate to ±448. (Inputs are
+    FP8 values in fp32: Triton's CPU interpreter mis-rounds values whose rounding carries into
+    the next power of two; rounding of arbitrary values is checked on the GPU.)"""
+    g = torch.Generator().manual_seed(5)
+    cache, meta = make_paged_batch([9, 4], [9, 4], 2, 64, 4, generator=g)
+    cache = cache.to(torch.float8_e4m3fn)
+    fp8 = torch.float8_e4m3fn
+    k = torch.randn(meta.num_tokens, 2, 64, generator=g).to(fp8).float()
+    v = torch.randn(meta.num_tokens, 2, 64, generator=g).to(fp8).float()
+    k[0, 0, :4] = torch.tensor([1e4, -1e4, 448.0, 0.5])
+    ref = cache.clone()
+    reshape_and_cache(k, v, cache, meta.slot_mapping)
+    reshape_and_cache_ref(k, v, ref, meta.slot_mapping)
+    assert torch.equal(cache.view(torch.uint8), ref.view(torch.uint8))
+    flat = cache.view(2, -1, 2, 64).float()
+    assert flat[0, meta.slot_mapping[0], 0, :4].tolist() == [448.0, -448.0, 448.0, 0.5]
+    assert torch.equal(flat[1, meta.slot_mapping], v)
+    assert torch.isfinite(flat).all()

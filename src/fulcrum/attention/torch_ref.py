@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata, register_backend
+from fulcrum.kv_cache.dtype import write_rows
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor):
@@ -21,8 +22,8 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     if (slot_mapping < 0).any():
         keep = slot_mapping >= 0
         k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
-    flat[0].index_copy_(0, slot_mapping, k.to(flat.dtype))
-    flat[1].index_copy_(0, slot_mapping, v.to(flat.dtype))
+    write_rows(flat[0], slot_mapping, k)
+    write_rows(flat[1], slot_mapping, v)
 
 
 def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int):

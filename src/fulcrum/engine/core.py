@@ -61,9 +61,10 @@ class EngineCore:
             sc, config.cache_config, num_blocks, config.model_config.vocab_size, eos_token_ids(config)
         )
         logger.info(
-            "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB); max_model_len %d holds %.1f "
+            "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s); max_model_len %d holds %.1f "
             "full-length sequences. Engine ready in %.2f s (weights %.2f s).",
             num_blocks, bs, num_blocks * bs, num_blocks * self.runner.bytes_per_block / 2**30,
+            str(self.runner.kv_dtype).removeprefix("torch."),
             sc.max_model_len, num_blocks * bs / sc.max_model_len, time.perf_counter() - t0,
             self.runner.load_time,
         )

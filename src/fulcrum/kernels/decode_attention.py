@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fulcrum.kernels.kv_dtype import compute_dtype, dot_precision
+
 MAX_SPLITS = 32
 # Launch parameters on CUDA (tuned on an H200 with benchmarks/kernels_bench.py) and in the
 # interpreter, where small tiles keep tests quick.
@@ -70,6 +72,7 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    COMPUTE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -89,7 +92,7 @@ def _decode_split_kernel(
     heads = kvh * GROUP + offs_g
     q_off = q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr + q_off, mask=mask_g[:, None] & mask_d[None, :], other=0.0)
-    q = q.to(k_cache_ptr.dtype.element_ty)
+    q = q.to(COMPUTE)
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -102,14 +105,14 @@ def _decode_split_kernel(
         row = blk * stride_cb + (offs_n % PAGE_SIZE) * stride_co + kvh * stride_ch
         kv_off = row[:, None] + offs_d[None, :]
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(COMPUTE)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(COMPUTE)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -218,10 +221,6 @@ def default_num_splits(num_reqs: int, num_kv_heads: int, device: torch.device) -
     return max(1, min(MAX_SPLITS, triton.next_power_of_2(want)))
 
 
-def _precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def decode_attention(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     kv_cache: torch.Tensor,  # [2, num_blocks, page_size, num_kv_heads, head_dim]
@@ -286,7 +285,8 @@ def decode_attention(
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_N=cfg["block_n"],
-        PRECISION=_precision(kv_cache.dtype),
+        PRECISION=dot_precision(q, kv_cache),
+        COMPUTE=compute_dtype(q, kv_cache),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fulcrum.kernels.kv_dtype import compute_dtype, dot_precision
+
 # Launch parameters (BLOCK_M rows hold BLOCK_M // GROUP query tokens times GROUP heads). The
 # large config was tuned on an H200 with benchmarks/kernels_bench.py and needs ~200 KB of shared
 # memory for 16-bit K/V at head_dim 128; fp32 caches and GPUs with less shared memory get the
@@ -81,6 +83,7 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    COMPUTE: tl.constexpr,
 ):
     item = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -100,7 +103,7 @@ def _prefill_kernel(
     q_rows = (q_start + tok).to(tl.int64)
     q_off = q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr + q_off, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
-    q = q.to(k_cache_ptr.dtype.element_ty)
+    q = q.to(COMPUTE)
     pos = prefix + tok  # position of each row's token in its sequence
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -115,7 +118,7 @@ def _prefill_kernel(
         row = blk * stride_cb + (offs_n % PAGE_SIZE) * stride_co + kvh * stride_ch
         kv_off = row[:, None] + offs_d[None, :]
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(COMPUTE)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         # Key 0 is visible to every row, so no row's running max stays -inf after tile 0.
         visible = mask_n[None, :] & (offs_n[None, :] <= pos[:, None])
@@ -124,7 +127,7 @@ def _prefill_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(COMPUTE)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -230,7 +233,8 @@ def prefill_attention(
         BLOCK_Q=block_q,
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_N=cfg["block_n"],
-        PRECISION="ieee" if kv_cache.dtype == torch.float32 else "tf32",
+        PRECISION=dot_precision(q, kv_cache),
+        COMPUTE=compute_dtype(q, kv_cache),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -6,7 +6,7 @@ row goes (``-1``: a padding token, skipped)::
     k[t] : [num_kv_heads, head_dim]  ──►  kv_cache[0, block, offset] : [num_kv_heads, head_dim]
     v[t] : [num_kv_heads, head_dim]  ──►  kv_cache[1, block, offset] : [num_kv_heads, head_dim]
 
-``k`` and ``v`` may be strided views (slices of a fused qkv projection) as long as ``head_dim`` is
+An FP8 cache gets saturated values (see ``kv_dtype``). ``k`` and ``v`` may be strided views (slices of a fused qkv projection) as long as ``head_dim`` is
 contiguous; the cache must be contiguous in its last two dims.
 """
 
@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from fulcrum.kv_cache.dtype import is_fp8, write_rows
 
 
 @triton.jit
@@ -36,6 +38,7 @@ def _reshape_and_cache_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -51,6 +54,9 @@ def _reshape_and_cache_kernel(
     dst = block * stride_cb + off * stride_co + offs_h[:, None] * stride_ch + offs_d[None, :]
     k = tl.load(k_ptr + src_k, mask=mask)
     v = tl.load(v_ptr + src_v, mask=mask)
+    if FP8:  # saturate: out-of-range values would not survive the conversion
+        k = tl.clamp(k.to(tl.float32), -448.0, 448.0)
+        v = tl.clamp(v.to(tl.float32), -448.0, 448.0)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -87,6 +93,7 @@ def reshape_and_cache(
         BLOCK_SIZE=kv_cache.shape[2],
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
+        FP8=is_fp8(kv_cache.dtype),
     )
 
 
@@ -98,5 +105,5 @@ def reshape_and_cache_ref(
     flat = kv_cache.view(2, nb * bs, kv_cache.shape[3], kv_cache.shape[4])
     keep = slot_mapping[: k.shape[0]] >= 0
     slots = slot_mapping[: k.shape[0]][keep].long()
-    flat[0].index_copy_(0, slots, k[keep].to(flat.dtype))
-    flat[1].index_copy_(0, slots, v[keep].to(flat.dtype))
+    write_rows(flat[0], slots, k[keep])
+    write_rows(flat[1], slots, v[keep])

@@ -29,6 +29,7 @@ from fulcrum.attention.backend import AttentionMetadata, get_backend_cls
 from fulcrum.config import EngineConfig
 from fulcrum.engine.protocol import Logprobs, WireSamplingParams
 from fulcrum.engine.request import Request
+from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
 from fulcrum.model.loader.weights import load_model
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.cuda_graph import DecodeGraphs, HostStaging, capture_sizes
@@ -85,6 +86,7 @@ class ModelRunner:
         mc = config.model_config
         self.device = config.device
         self.dtype = mc.dtype
+        self.kv_dtype = resolve_kv_cache_dtype(config.cache_config.cache_dtype, mc.dtype)
         self.block_size = config.cache_config.block_size
         num_heads = mc.hf_config.num_attention_heads
         backend_cls = get_backend_cls(config.attention_backend, self.device)
@@ -114,7 +116,7 @@ class ModelRunner:
     @property
     def bytes_per_block(self) -> int:
         mc = self.config.model_config
-        elem = torch.tensor([], dtype=self.dtype).element_size()
+        elem = torch.tensor([], dtype=self.kv_dtype).element_size()
         return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * elem
 
     def determine_num_blocks(self) -> int:
@@ -154,7 +156,7 @@ class ModelRunner:
         mc = self.config.model_config
         shape = (2, 1, self.block_size, mc.num_kv_heads, mc.head_dim)
         scratch = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(mc.num_layers)
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(mc.num_layers)
         ]
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         pos = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
@@ -177,7 +179,7 @@ class ModelRunner:
         mc = self.config.model_config
         shape = (2, num_blocks, self.block_size, mc.num_kv_heads, mc.head_dim)
         self.kv_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(mc.num_layers)
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(mc.num_layers)
         ]
         self.num_blocks = num_blocks
         if self.device.type == "cuda" and not self.config.enforce_eager:
