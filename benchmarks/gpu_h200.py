@@ -396,8 +396,11 @@ llm.generate([[1000 + i for i in range(16)]], SamplingParams(temperature=0, max_
              ignore_eos=True), use_tqdm=False)
 t_first = time.time()
 t0 = float(os.environ["T_SPAWN"])
+cache = os.environ.get("TRITON_CACHE_DIR", os.path.expanduser("~/.triton/cache"))
+compiled = len(os.listdir(cache)) if os.path.isdir(cache) else 0
 print("RESULT " + json.dumps(dict(name="cold_start", to_first_token_s=t_first - t0,
       interpreter_start_s=t_import - t0, engine_ready_s=t_ready - t0,
+      triton_cache_dir=cache, triton_cache_entries=compiled,
       **llm.core.runner.timings)), flush=True)
 """
 

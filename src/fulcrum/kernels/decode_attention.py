@@ -39,7 +39,9 @@ GPU_CONFIG: dict[str, int] = {"block_n": 64, "num_warps": 2, "num_stages": 3}
 INTERPRET_CONFIG: dict[str, int] = {"block_n": 16, "num_warps": 4, "num_stages": 1}
 
 
-@triton.jit
+# The split count and the strides that scale with it are runtime values that Triton must not
+# specialise on: a CUDA graph per batch bucket would otherwise compile a variant per count.
+@triton.jit(do_not_specialize=["num_splits", "stride_plh"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -64,10 +66,11 @@ def _decode_split_kernel(
     stride_pos,
     stride_plr,
     stride_plh,
+    num_splits,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,  # num_splits > 1: write partials for the reduce kernel
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -81,7 +84,7 @@ def _decode_split_kernel(
     if tl.load(qsl_ptr + b + 1) - q_row != 1:
         return
     seq_len = tl.load(seq_lens_ptr + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
@@ -119,7 +122,7 @@ def _decode_split_kernel(
     nonempty = l_i > 0.0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     o_mask = mask_g[:, None] & mask_d[None, :]
-    if NUM_SPLITS == 1:  # nothing to combine: write the final rows, no reduce launch
+    if not SPLIT:  # nothing to combine: write the final rows, no reduce launch
         dst = q_row.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(out_ptr + dst, out.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
@@ -130,7 +133,7 @@ def _decode_split_kernel(
         tl.store(part_lse_ptr + base_l, lse, mask=mask_g)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "stride_plh"])
 def _decode_reduce_kernel(
     out_ptr,
     part_out_ptr,
@@ -143,8 +146,8 @@ def _decode_reduce_kernel(
     stride_pos,
     stride_plr,
     stride_plh,
+    num_splits,
     HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -155,7 +158,7 @@ def _decode_reduce_kernel(
         return
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < NUM_SPLITS
+    mask_s = offs_s < num_splits
     mask_d = offs_d < HEAD_DIM
     lse_off = b.to(tl.int64) * stride_plr + h * stride_plh + offs_s
     lse = tl.load(part_lse_ptr + lse_off, mask=mask_s, other=float("-inf"))
@@ -249,6 +252,7 @@ def decode_attention(
         query_start_loc = torch.arange(num_reqs + 1, dtype=torch.int32, device=q.device)
     if num_splits is None:
         num_splits = default_num_splits(num_reqs, num_kv_heads, q.device)
+    assert 1 <= num_splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}]"
     workspace = workspace or DecodeWorkspace()
     part_out, part_lse = workspace.get(num_reqs, num_heads, num_splits, head_dim, q.device)
     group = num_heads // num_kv_heads
@@ -278,10 +282,11 @@ def decode_attention(
         part_out.stride(2),
         part_lse.stride(0),
         part_lse.stride(1),
+        num_splits,
         GROUP=group,
         HEAD_DIM=head_dim,
         PAGE_SIZE=page_size,
-        NUM_SPLITS=num_splits,
+        SPLIT=num_splits > 1,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_N=cfg["block_n"],
@@ -304,9 +309,9 @@ def decode_attention(
         part_out.stride(2),
         part_lse.stride(0),
         part_lse.stride(1),
+        num_splits,
         HEAD_DIM=head_dim,
-        NUM_SPLITS=num_splits,
-        BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_S=triton.next_power_of_2(MAX_SPLITS),
         BLOCK_D=triton.next_power_of_2(head_dim),
         num_warps=4 if head_dim >= 128 else 2,
     )
