@@ -1,10 +1,13 @@
 """Rotary position embedding over a precomputed cos/sin cache (HF ``rotate_half`` layout).
 
-Frequencies come from transformers' own RoPE initialisers, so Llama-3, linear, dynamic-free YaRN
-and the default scheme all match the reference implementation exactly.
+The default and Llama-3 schemes are computed here (as transformers computes them); the others
+(linear, YaRN, ...) come from transformers' own RoPE initialisers, so every scheme matches the
+reference implementation exactly.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -23,16 +26,33 @@ def _rope_params(config) -> dict:
 def compute_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
     params = _rope_params(config)
     rope_type = params["rope_type"]
-    if rope_type == "default":
+    if rope_type in ("default", "llama3"):
         base = params["rope_theta"]
         inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        return inv, 1.0
+        return (_llama3_scaled(inv, params) if rope_type == "llama3" else inv), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from fulcrum.model.loader.hf_config import transformers_config
 
     if rope_type not in ROPE_INIT_FUNCTIONS or rope_type == "dynamic":
         raise ValueError(f"rope_scaling: unsupported rope_type {rope_type!r}.")
-    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](transformers_config(config), torch.device("cpu"))
     return inv.float(), float(scaling)
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
+    """Llama-3.1 frequency scaling: long wavelengths divided by ``factor``, short ones kept,
+    a smooth blend between (transformers' ``_compute_llama3_parameters``)."""
+    factor = params["factor"]
+    low, high = params["low_freq_factor"], params["high_freq_factor"]
+    old_len = params["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 class RotaryEmbedding(nn.Module):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
@@ -26,18 +25,9 @@ def _find_config(name: str) -> str | None:
 
 
 def _load_hf_config(config_file: str):
-    from transformers import AutoConfig
+    from fulcrum.model.loader.hf_config import load_hf_config
 
-    try:
-        with open(config_file) as fh:
-            raw = json.load(fh)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"model: cannot read config {config_file!r}: {e}") from None
-    if "model_type" not in raw:
-        raise ValueError(f"model: config {config_file!r} has no model_type.")
-    model_type = raw.pop("model_type")
-    cfg = AutoConfig.for_model(model_type, **raw)
-    return cfg
+    return load_hf_config(config_file)
 
 
 def resolve_model_config(
