@@ -25,3 +25,16 @@ def test_emulated_decode_graphs_match_eager(tiny_models):
     assert runner.use_cuda_graphs and runner.graphs.sizes == [1, 2, 4, 8]
     assert _greedy(llm, prompts, max_tokens) == want
     assert runner.graphs.num_replays >= max(max_tokens) - 1
+
+
+def test_profiling_step_runs_on_both_backends(tiny_models):
+    """The KV-profiling forward (a block-long prompt plus decode rows against a one-block
+    scratch cache, so the prefill kernels compile at start-up) runs on every backend."""
+    import torch
+
+    for backend in ("torch", "triton"):
+        llm = LLM(tiny_models["llama"], device="cpu", dtype="float32", attention_backend=backend,
+                  max_num_batched_tokens=40, num_kv_blocks=16)
+        with torch.inference_mode():
+            llm.core.runner._dummy_forward(40)
+            llm.core.runner._dummy_forward(3)

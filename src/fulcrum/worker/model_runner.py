@@ -153,24 +153,36 @@ class ModelRunner:
         return blocks
 
     def _dummy_forward(self, num_tokens: int) -> None:
+        """A maximal step against a one-block scratch cache: one request with a block-long
+        prompt (so the prefill kernels compile now, not at the first request) and single-token
+        decode rows for the rest of the budget."""
         mc = self.config.model_config
         shape = (2, 1, self.block_size, mc.num_kv_heads, mc.head_dim)
         scratch = [
             torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(mc.num_layers)
         ]
-        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        pos = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        q_len = min(self.block_size, num_tokens)
+        lens = [q_len] + [1] * (num_tokens - q_len)
+        qsl = [0]
+        for n in lens:
+            qsl.append(qsl[-1] + n)
+        n_reqs, dev = len(lens), self.device
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=dev)
+        pos = torch.zeros(num_tokens, dtype=torch.long, device=dev)
+        pos[:q_len] = torch.arange(q_len, device=dev)
         meta = AttentionMetadata(
             num_tokens=num_tokens,
-            num_reqs=num_tokens,
-            query_start_loc=torch.arange(num_tokens + 1, dtype=torch.int32, device=self.device),
-            seq_lens=torch.ones(num_tokens, dtype=torch.int32, device=self.device),
-            block_tables=torch.zeros(num_tokens, 1, dtype=torch.int32, device=self.device),
-            slot_mapping=torch.zeros(num_tokens, dtype=torch.long, device=self.device),
-            max_query_len=1,
-            max_seq_len=1,
-            query_start_loc_cpu=list(range(num_tokens + 1)),
-            seq_lens_cpu=[1] * num_tokens,
+            num_reqs=n_reqs,
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+            block_tables=torch.zeros(n_reqs, 1, dtype=torch.int32, device=dev),
+            slot_mapping=torch.cat(
+                [pos[:q_len], torch.zeros(num_tokens - q_len, dtype=torch.long, device=dev)]
+            ),
+            max_query_len=q_len,
+            max_seq_len=q_len,
+            query_start_loc_cpu=qsl,
+            seq_lens_cpu=lens,
         )
         hidden = self.model(ids, pos, scratch, meta)
         self.model.compute_logits(hidden[: self.config.scheduler_config.max_num_seqs]).float()
