@@ -5,6 +5,8 @@ of merit is KV bytes read / time, against the device's copy bandwidth (H200: ~4.
 Prefill is compute bound: reported as causal attention TFLOP/s.
 
     PYTHONPATH=src python benchmarks/kernels_bench.py [--ctx 1000 2000] [--splits 1 2 4 8]
+    PYTHONPATH=src python benchmarks/kernels_bench.py --batch 384 --ctx 1500 --kv-cache fp8 \
+        --decode-configs 64,2,3 128,4,3     (launch configs: block_n,num_warps,num_stages)
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 import triton.testing
 
 from fulcrum.kernels.decode_attention import (
+    GPU_CONFIG,
     DecodeWorkspace,
     decode_attention,
     default_num_splits,
@@ -33,8 +36,11 @@ def _paged(batch: int, ctx: int, dtype: torch.dtype) -> tuple[torch.Tensor, torc
     return cache, table
 
 
-def bench_decode(batch: int, ctx: int, splits: list[int | None], dtype: torch.dtype) -> None:
+def bench_decode(
+    batch: int, ctx: int, splits: list[int | None], dtype: torch.dtype, kv_dtype: torch.dtype
+) -> None:
     cache, table = _paged(batch, ctx, dtype)
+    cache = cache.to(kv_dtype)
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, HQ, D, device="cuda", dtype=dtype)
     out = torch.empty_like(q)
@@ -56,8 +62,10 @@ def bench_decode(batch: int, ctx: int, splits: list[int | None], dtype: torch.dt
             rep=300,
         )
         tag = f"{n}{'*' if s is None else ''}"
+        cfg = GPU_CONFIG
         print(
-            f"decode  B={batch:<3d} ctx={ctx:<5d} splits={tag:<4s} {ms * 1e3:8.1f} us  "
+            f"decode  B={batch:<3d} ctx={ctx:<5d} kv={str(kv_dtype)[6:]:<13s} splits={tag:<4s} "
+            f"bn={cfg['block_n']} w={cfg['num_warps']} st={cfg['num_stages']} {ms * 1e3:8.1f} us  "
             f"{kv_bytes / ms / 1e6:7.0f} GB/s  (KV {kv_bytes / 1e6:.0f} MB)"
         )
 
@@ -84,11 +92,24 @@ def main() -> None:
     p.add_argument("--splits", type=int, nargs="*", default=[], help="also time these counts")
     p.add_argument("--prefill", type=int, nargs="*", default=[2048], help="prompt lengths")
     p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    p.add_argument("--kv-cache", choices=["auto", "fp8"], default="auto", help="KV-cache dtype")
+    p.add_argument(
+        "--decode-configs", nargs="*", default=[],
+        help="decode launch configs to sweep, each block_n,num_warps,num_stages",
+    )
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
+    kv_dtype = torch.float8_e4m3fn if args.kv_cache == "fp8" else dtype
     print(f"device: {torch.cuda.get_device_name()}  dtype: {args.dtype}  (* = default splits)")
-    for ctx in args.ctx:
-        bench_decode(args.batch, ctx, [None, *args.splits], dtype)
+    configs = [tuple(int(x) for x in c.split(",")) for c in args.decode_configs] or [None]
+    default = dict(GPU_CONFIG)
+    for cfg in configs:
+        GPU_CONFIG.update(default)
+        if cfg is not None:
+            GPU_CONFIG.update(block_n=cfg[0], num_warps=cfg[1], num_stages=cfg[2])
+        for ctx in args.ctx:
+            bench_decode(args.batch, ctx, [None, *args.splits], dtype, kv_dtype)
+    GPU_CONFIG.update(default)
     for t in args.prefill:
         bench_prefill(t, dtype)
 
