@@ -11,8 +11,6 @@ import sys
 import pytest
 import torch
 
-from triton_interp import fix_interpreter_index
-
 _TRITON_IMPORTED_EARLY = False
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     _TRITON_IMPORTED_EARLY = "triton" in sys.modules

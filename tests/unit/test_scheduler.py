@@ -17,7 +17,7 @@ def _sampled(out) -> list[int]:
     """The stand-in model: the token after position p is (p * 7) % 50 + 3 (never EOS)."""
     return [
         ((s + n) * 7) % 50 + 3
-        for (_, n), s, smp in zip(out.scheduled, out.starts, out.samples)
+        for (_, n), s, smp in zip(out.scheduled, out.starts, out.samples, strict=True)
         if smp
     ]
 
@@ -147,7 +147,7 @@ def test_n_sequences_share_one_prefill(prefix):
         out = sched.schedule()
         computed += sum(
             min(n, r.num_prompt_tokens - s)
-            for (r, n), s in zip(out.scheduled, out.starts)
+            for (r, n), s in zip(out.scheduled, out.starts, strict=True)
             if s < r.num_prompt_tokens
         )
         sched.update(out, [7] * out.num_sampled)

@@ -273,7 +273,7 @@ class ModelRunner:
         pos = np.fromiter(out.starts, np.int64, n)
         dst: list[int] = []
         src: list[int] = []
-        for i, ((r, k), s, smp) in enumerate(zip(out.scheduled, out.starts, out.samples)):
+        for i, ((r, k), s, smp) in enumerate(zip(out.scheduled, out.starts, out.samples, strict=True)):
             if k != 1 or not smp:
                 return None
             toks = r.all_token_ids
