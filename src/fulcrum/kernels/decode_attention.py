@@ -31,12 +31,8 @@ import triton
 import triton.language as tl
 
 from fulcrum.kernels.kv_dtype import compute_dtype, dot_precision
-from fulcrum.kv_cache.dtype import is_fp8
 
 MAX_SPLITS = 32
-# With an FP8 cache on CUDA: query and attention weights in FP8 too, so K/V tiles feed the tensor
-# cores straight from the pipelined loads (widening them first made the kernel latency-bound).
-FP8_DOT = True
 # Launch parameters on CUDA (tuned on an H200 with benchmarks/kernels_bench.py) and in the
 # interpreter, where small tiles keep tests quick.
 GPU_CONFIG: dict[str, int] = {"block_n": 64, "num_warps": 2, "num_stages": 3}
@@ -80,7 +76,6 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     COMPUTE: tl.constexpr,
-    FP8_DOT: tl.constexpr,  # FP8 cache: multiply FP8 tiles on the tensor cores as they are
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -100,10 +95,7 @@ def _decode_split_kernel(
     heads = kvh * GROUP + offs_g
     q_off = q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr + q_off, mask=mask_g[:, None] & mask_d[None, :], other=0.0)
-    if FP8_DOT:
-        q = tl.clamp(q.to(tl.float32), -448.0, 448.0).to(k_cache_ptr.dtype.element_ty)
-    else:
-        q = q.to(COMPUTE)
+    q = q.to(COMPUTE)
 
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -116,21 +108,15 @@ def _decode_split_kernel(
         row = blk * stride_cb + (offs_n % PAGE_SIZE) * stride_co + kvh * stride_ch
         kv_off = row[:, None] + offs_d[None, :]
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if not FP8_DOT:
-            k = k.to(COMPUTE)
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(COMPUTE)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if FP8_DOT:  # p in [0, 1] scaled by 256 so small weights keep FP8 precision
-            pv = tl.dot((p * 256.0).to(v.dtype), v) * (1.0 / 256.0)
-        else:
-            pv = tl.dot(p.to(COMPUTE), v.to(COMPUTE), input_precision=PRECISION)
-        acc = acc * alpha[:, None] + pv
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(COMPUTE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     nonempty = l_i > 0.0
@@ -306,7 +292,6 @@ def decode_attention(
         BLOCK_N=cfg["block_n"],
         PRECISION=dot_precision(q, kv_cache),
         COMPUTE=compute_dtype(q, kv_cache),
-        FP8_DOT=is_fp8(kv_cache.dtype) and q.is_cuda and FP8_DOT,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
