@@ -22,6 +22,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         str(MAX_REQUEST_BYTES),
         "--max-num-seqs",
         "512",  # the 500-stream test runs as one batch
+        "--async-scheduling",
+        "on",  # as on CUDA: step N+1 is launched before step N's tokens are read back
     )
     yield s
     stop_server(s)
