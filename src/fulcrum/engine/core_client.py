@@ -16,6 +16,7 @@ parent dies (a watchdog thread polls the parent pid), on SIGTERM, and on a SHUTD
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -233,6 +234,10 @@ def run_engine_core(
     core: EngineCoreLike | None = None
     try:
         core = factory()
+        # The engine lives as long as this process: keep what it built (model, graphs, tables)
+        # out of the garbage collector's scans, which would otherwise stall busy-loop steps.
+        gc.collect()
+        gc.freeze()
         out.send_multipart([READY, enc.encode(_describe(core))])
         _CoreLoop(core, inp, out).run()
     except SystemExit:
