@@ -154,3 +154,47 @@ def test_n_sequences_share_one_prefill(prefix):
     # 33 prompt tokens once, then only the last token for each of the three siblings.
     assert computed == 33 + 3
     assert sched.kv.num_available == sched.kv.num_blocks
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12)), min_size=2, max_size=10),
+    st.lists(st.tuples(st.integers(0, 30), st.integers(0, 9)), max_size=6),
+    st.booleans(),
+)
+def test_aborts_while_a_step_is_in_flight(reqs, aborts, prefix):
+    """Overlapped scheduling with aborts landing between launch and collection: late tokens are
+    dropped, the aborted get one abort output each, the rest finish, and every block comes back."""
+    sched = _sched(blocks=24, budget=12, seqs=4, prefix=prefix)
+    rng = random.Random(1)
+    for i, (plen, max_tokens) in enumerate(reqs):
+        prompt = [rng.randrange(1, 4) for _ in range(plen)]
+        sched.add_request(EngineCoreRequest(str(i), prompt, WireSamplingParams(max_tokens=max_tokens)))
+    plan: dict[int, list[str]] = {}
+    for step, idx in aborts:
+        plan.setdefault(step, []).append(str(idx % len(reqs)))
+    outputs: dict[str, list] = {}
+    inflight = None
+    for step in range(2000):
+        if not sched.has_unfinished() and inflight is None:
+            break
+        out = sched.schedule()
+        done, inflight = inflight, (None if out.is_empty else out)
+        sched.abort_requests(plan.get(step, []))  # lands while ``out`` is in flight
+        results = (sched.update(done, _sampled(done)) if done is not None else [])
+        for o in results + sched.take_aborted():
+            outputs.setdefault(o.request_id, []).append(o)
+        sched.kv.check_integrity()
+    else:
+        raise AssertionError("scheduler did not finish")
+    aborted = {rid for ids in plan.values() for rid in ids}
+    for i, (_, max_tokens) in enumerate(reqs):
+        outs = outputs[str(i)]
+        reasons = [o.finish_reason for o in outs if o.finish_reason is not None]
+        assert len(reasons) == 1, (i, reasons)  # exactly one final output per request
+        if reasons[0] == "length":
+            assert sum(len(o.new_token_ids) for o in outs) == max_tokens
+        else:
+            assert reasons[0] == "abort" and str(i) in aborted
+    assert sched.kv.num_available == sched.kv.num_blocks
+    assert not sched.requests
