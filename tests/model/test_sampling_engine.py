@@ -65,3 +65,21 @@ def test_length_and_ignore_eos(llm):
     long = llm.chat([{"role": "user", "content": "Say hi."}],
                     SamplingParams(temperature=0, max_tokens=60, ignore_eos=True), use_tqdm=False)
     assert len(long[0].outputs[0].token_ids) == 60
+
+
+def test_penalties_and_min_tokens_mixed_with_plain_requests(llm):
+    """Requests whose sampling needs their own history (penalties, min_tokens) make the core run
+    one step at a time; batched with plain ones, every output equals the request run alone."""
+    special = [
+        SamplingParams(temperature=0, max_tokens=24, repetition_penalty=1.5),
+        SamplingParams(temperature=0, max_tokens=24, frequency_penalty=1.0, presence_penalty=0.5),
+        SamplingParams(temperature=0, max_tokens=12, min_tokens=10),
+    ]
+    plain = SamplingParams(temperature=0, max_tokens=24)
+    alone = [llm.generate(PROMPTS[i], sp, use_tqdm=False)[0].outputs[0].token_ids
+             for i, sp in enumerate(special)]
+    batch = llm.generate(PROMPTS + PROMPTS, special + [plain] * 3, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in batch[:3]] == alone
+    assert len(batch[2].outputs[0].token_ids) >= 10
+    plain_alone = [llm.generate(p, plain, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
+    assert [o.outputs[0].token_ids for o in batch[3:]] == plain_alone
