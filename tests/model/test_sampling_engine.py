@@ -83,3 +83,10 @@ def test_penalties_and_min_tokens_mixed_with_plain_requests(llm):
     assert len(batch[2].outputs[0].token_ids) >= 10
     plain_alone = [llm.generate(p, plain, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
     assert [o.outputs[0].token_ids for o in batch[3:]] == plain_alone
+
+
+def test_request_metrics_are_ordered(llm):
+    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
+    m = out.metrics
+    assert m.first_scheduled_time is not None and m.first_token_time is not None
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time

@@ -198,3 +198,22 @@ def test_aborts_while_a_step_is_in_flight(reqs, aborts, prefix):
             assert reasons[0] == "abort" and str(i) in aborted
     assert sched.kv.num_available == sched.kv.num_blocks
     assert not sched.requests
+
+
+def test_first_output_carries_the_first_scheduled_time():
+    import time
+
+    sched = _sched(budget=8)
+    t0 = time.time()
+    sched.add_request(EngineCoreRequest("a", list(range(1, 20)), WireSamplingParams(max_tokens=3)))
+    outs = _run_collect(sched)
+    assert [o.first_scheduled_time is not None for o in outs] == [True, False, False]
+    assert t0 <= outs[0].first_scheduled_time <= time.time()
+
+
+def _run_collect(sched: Scheduler) -> list:
+    outs = []
+    while sched.has_unfinished():
+        out = sched.schedule()
+        outs += sched.update(out, _sampled(out))
+    return outs

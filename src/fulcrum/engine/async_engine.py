@@ -317,10 +317,8 @@ class AsyncEngine:
                 self.stats_sink.on_stats(msg.stats)
 
     def _observe(self, outputs: list[EngineCoreOutput], now: float, step_start: float) -> None:
-        """Token counters and latency samples. A request's first scheduling time is taken as
-        the start of the step that produced its first token (the end of the previous step, or
-        its arrival if the core was idle); prompts prefilled in several chunks count their
-        earlier chunks as queue time."""
+        """Token counters and latency samples. A request's first scheduling time comes from the
+        core with its first token (older cores: the start of the step that produced it)."""
         sink = self.stats_sink
         seen: set[str] = set()
         for out in outputs:
@@ -335,7 +333,8 @@ class AsyncEngine:
                 continue  # n > 1: one latency sample per request per step
             seen.add(out.request_id)
             if st.first_token_time is None:
-                st.first_scheduled_time = max(st.arrival_time, step_start)
+                sched = out.first_scheduled_time or step_start
+                st.first_scheduled_time = min(max(st.arrival_time, sched), now)
                 st.first_token_time = now
                 if sink is not None:
                     sink.on_first_token(now - st.arrival_time)

@@ -107,6 +107,8 @@ class OutputProcessor:
             if seq.finish_reason is not None:
                 continue  # already ended by a stop string; the core's abort echo is ignored
             st.num_cached_tokens = max(st.num_cached_tokens, o.num_cached_tokens)
+            if o.first_scheduled_time is not None and st.metrics.first_scheduled_time is None:
+                st.metrics.first_scheduled_time = o.first_scheduled_time
             if o.new_token_ids:
                 if st.metrics.first_token_time is None:
                     st.metrics.first_token_time = now

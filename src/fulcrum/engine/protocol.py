@@ -76,6 +76,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | None = None  # the stop token id, when one ended it
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    first_scheduled_time: float | None = None  # wall time of first admission (first output only)
 
 
 class SchedulerStats(msgspec.Struct, omit_defaults=True):

@@ -62,6 +62,7 @@ class Request:
         self.num_computed_tokens = 0
         self.num_pending = 0  # sampled by launched steps, not yet appended (<= steps in flight)
         self.num_cached_tokens = -1  # prefix-cache hit at first admission (-1: not yet admitted)
+        self.first_scheduled_time: float | None = None  # wall time of the first admission
         self.status = RequestStatus.WAITING
         self.arrival_time = arrival_time if arrival_time is not None else time.time()
         self.cache_salt = cache_salt

@@ -14,6 +14,7 @@ again; one that stops on a stop token wastes at most the one step already launch
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 
@@ -196,6 +197,7 @@ class Scheduler:
                 break
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = hit
+                req.first_scheduled_time = time.time()
                 self.kv.record_query(req.num_prompt_tokens, hit)
             req.num_computed_tokens = num_computed
             req.status = RequestStatus.RUNNING
@@ -233,11 +235,13 @@ class Scheduler:
             req.append_token(tok)
             self.generation_tokens_total += 1
             finish = self._check_stop(req, tok)
+            first = req.num_output_tokens == 1
             results.append(
                 EngineCoreOutput(
                     req.request_id, req.index, [tok], [lp] if lp is not None else None,
                     finish_reason=finish, stop_reason=req.stop_reason,
                     num_cached_tokens=max(req.num_cached_tokens, 0),
+                    first_scheduled_time=req.first_scheduled_time if first else None,
                 )
             )
             if finish is not None:
