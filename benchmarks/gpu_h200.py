@@ -41,13 +41,8 @@ SMOKE = int(os.environ.get("FULCRUM_BENCH_SMOKE", "0"))
 if SMOKE:
     MODEL = "smollm2-135m"
     ENGINE = dict(
-        load_format="dummy",
-        dtype="float32",
-        device="cpu",
-        max_model_len=512,
-        max_num_seqs=64,
-        max_num_batched_tokens=1024,
-        kv_cache_memory=1.0,
+        ENGINE, dtype="float32", device="cpu", max_model_len=512, max_num_seqs=64,
+        max_num_batched_tokens=1024, kv_cache_memory=1.0,
     )
 
 

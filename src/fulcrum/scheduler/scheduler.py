@@ -266,9 +266,9 @@ class Scheduler:
         return None
 
     def _finish(self, req: Request) -> None:
-        if req in self.running:
+        try:
             self.running.remove(req)
-        else:  # preempted while its last step ran
+        except ValueError:  # preempted while its last step ran
             self.waiting.remove(req)
         self.kv.free(req.key)
         self._drop_if_done(req.request_id)

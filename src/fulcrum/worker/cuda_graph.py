@@ -109,7 +109,7 @@ class _EmulatedGraph:
 
 
 class DecodeGraphs:
-    """Static decode inputs plus one captured graph per bucket; ``run`` replays one step."""
+    """Static decode inputs plus one captured graph per bucket; ``stage`` then ``replay`` run one step."""
 
     def __init__(
         self,
@@ -245,9 +245,3 @@ class DecodeGraphs:
         self.num_replays += 1
         logits, ids = self.outputs[b]
         return logits[:n], ids[:n]
-
-    def run(
-        self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray, table: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``stage`` then ``replay``: one decode step."""
-        return self.replay(self.stage(input_ids, positions, slots, table), table.shape[0])

@@ -293,13 +293,6 @@ class ModelRunner:
         ids.index_copy_(0, idx[0], self._prev_sampled.index_select(0, idx[1]))
 
     @torch.inference_mode()
-    def execute(
-        self, out: SchedulerOutput, block_tables: list[list[int]]
-    ) -> tuple[list[int], list[Logprobs | None] | None]:
-        """Run one step and wait for it."""
-        return self.collect(self.execute_async(out, block_tables))
-
-    @torch.inference_mode()
     def execute_async(self, out: SchedulerOutput, block_tables: list[list[int]]) -> StepHandle:
         """Launch one step; ``collect`` returns its sampled tokens."""
         self._staging.wait()  # the previous step's host → device copies are done
