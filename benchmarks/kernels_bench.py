@@ -16,7 +16,9 @@ import argparse
 import torch
 import triton.testing
 
+import fulcrum.kernels.decode_attention as decode_mod
 from fulcrum.kernels.decode_attention import (
+    FP8_GPU_CONFIG,
     GPU_CONFIG,
     DecodeWorkspace,
     decode_attention,
@@ -27,11 +29,18 @@ from fulcrum.kernels.prefill_attention import prefill_attention
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 
 
+LAYOUT = "nhd"  # --layout: how a block is laid out in memory (the kernels see [.., page, heads, D])
+
+
 def _paged(batch: int, ctx: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """A cache holding ``batch`` contexts of ``ctx`` tokens in shuffled blocks, and its table."""
     per_req = (ctx + PAGE - 1) // PAGE
     num_blocks = batch * per_req
-    cache = torch.randn(2, num_blocks, PAGE, HKV, D, device="cuda", dtype=dtype)
+    if LAYOUT == "hnd":  # each head's page contiguous; the kernels read it through strides
+        cache = torch.randn(2, num_blocks, HKV, PAGE, D, device="cuda", dtype=dtype)
+        cache = cache.permute(0, 1, 3, 2, 4)
+    else:
+        cache = torch.randn(2, num_blocks, PAGE, HKV, D, device="cuda", dtype=dtype)
     table = torch.randperm(num_blocks, device="cuda").to(torch.int32).view(batch, per_req)
     return cache, table
 
@@ -40,7 +49,8 @@ def bench_decode(
     batch: int, ctx: int, splits: list[int | None], dtype: torch.dtype, kv_dtype: torch.dtype
 ) -> None:
     cache, table = _paged(batch, ctx, dtype)
-    cache = cache.to(kv_dtype)
+    if kv_dtype != cache.dtype:  # convert keeping the layout (``.to`` of a permuted view does)
+        cache = torch.empty_like(cache, dtype=kv_dtype).copy_(cache)
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, HQ, D, device="cuda", dtype=dtype)
     out = torch.empty_like(q)
@@ -62,7 +72,7 @@ def bench_decode(
             rep=300,
         )
         tag = f"{n}{'*' if s is None else ''}"
-        cfg = GPU_CONFIG
+        cfg = FP8_GPU_CONFIG if kv_dtype == torch.float8_e4m3fn else GPU_CONFIG
         print(
             f"decode  B={batch:<3d} ctx={ctx:<5d} kv={str(kv_dtype)[6:]:<13s} splits={tag:<4s} "
             f"bn={cfg['block_n']} w={cfg['num_warps']} st={cfg['num_stages']} {ms * 1e3:8.1f} us  "
@@ -94,7 +104,23 @@ def main() -> None:
     p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     p.add_argument("--kv-cache", choices=["auto", "fp8"], default="auto", help="KV-cache dtype")
     p.add_argument(
-        "--decode-configs", nargs="*", default=[],
+        "--layout",
+        choices=["nhd", "hnd"],
+        nargs="+",
+        default=["nhd"],
+        help="cache block layouts to compare: nhd = [page, heads, D] (fulcrum's), hnd = [heads, page, D]",
+    )
+    p.add_argument(
+        "--fp8-modes",
+        nargs="*",
+        default=[],
+        choices=list(decode_mod.FP8_MODES),
+        help="with --kv-cache fp8: decode tile paths to compare (default: the kernel's own)",
+    )
+    p.add_argument(
+        "--decode-configs",
+        nargs="*",
+        default=[],
         help="decode launch configs to sweep, each block_n,num_warps,num_stages",
     )
     args = p.parse_args()
@@ -102,14 +128,21 @@ def main() -> None:
     kv_dtype = torch.float8_e4m3fn if args.kv_cache == "fp8" else dtype
     print(f"device: {torch.cuda.get_device_name()}  dtype: {args.dtype}  (* = default splits)")
     configs = [tuple(int(x) for x in c.split(",")) for c in args.decode_configs] or [None]
-    default = dict(GPU_CONFIG)
-    for cfg in configs:
-        GPU_CONFIG.update(default)
-        if cfg is not None:
-            GPU_CONFIG.update(block_n=cfg[0], num_warps=cfg[1], num_stages=cfg[2])
-        for ctx in args.ctx:
-            bench_decode(args.batch, ctx, [None, *args.splits], dtype, kv_dtype)
-    GPU_CONFIG.update(default)
+    launch = FP8_GPU_CONFIG if args.kv_cache == "fp8" else GPU_CONFIG
+    default = dict(launch)
+    global LAYOUT
+    mode0 = decode_mod.FP8_MODE
+    for LAYOUT, mode in ((lay, m) for lay in args.layout for m in args.fp8_modes or [mode0]):
+        decode_mod.FP8_MODE = mode
+        print(f"layout {LAYOUT}" + (f", FP8 tile path: {mode}" if args.kv_cache == "fp8" else ""))
+        for cfg in configs:
+            launch.update(default)
+            if cfg is not None:
+                launch.update(block_n=cfg[0], num_warps=cfg[1], num_stages=cfg[2])
+            for ctx in args.ctx:
+                bench_decode(args.batch, ctx, [None, *args.splits], dtype, kv_dtype)
+    launch.update(default)
+    decode_mod.FP8_MODE = mode0
     for t in args.prefill:
         bench_prefill(t, dtype)
 

@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 from paged_batch import make_paged_batch  # noqa: E402
 
+import fulcrum.kernels.decode_attention as decode_mod  # noqa: E402
 from fulcrum.attention.torch_ref import TorchAttentionBackend  # noqa: E402
 from fulcrum.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from fulcrum.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
@@ -210,10 +211,16 @@ def test_fp8_cache_kernels_llama8b() -> None:
     want = prefill_attention_ref(*args, D**-0.5)
     torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
     dec_rows = meta.query_start_loc[1:][[1, 3]] - 1
-    dec = decode_attention(
-        q[dec_rows], cache, meta.block_tables[[1, 3]], meta.seq_lens[[1, 3]], D**-0.5
-    )
-    want = decode_attention_ref(
-        q[dec_rows], cache, meta.block_tables[[1, 3]], meta.seq_lens[[1, 3]], D**-0.5
-    )
-    torch.testing.assert_close(dec, want, atol=2e-2, rtol=2e-2)
+    dec_args = (q[dec_rows], cache, meta.block_tables[[1, 3]], meta.seq_lens[[1, 3]], D**-0.5)
+    want = decode_attention_ref(*dec_args)
+    mode0 = decode_mod.FP8_MODE
+    try:
+        for mode in ("widen", "fp16"):  # exact widenings: as close as the bf16 path
+            decode_mod.FP8_MODE = mode
+            torch.testing.assert_close(decode_attention(*dec_args), want, atol=2e-2, rtol=2e-2)
+        decode_mod.FP8_MODE = "fp8"  # FP8 query and weights: FP8-level error
+        dec = decode_attention(*dec_args)
+    finally:
+        decode_mod.FP8_MODE = mode0
+    err = (dec.float() - want.float()).norm() / want.float().norm()
+    assert err < 0.05, f"relative error {err:.4f}"

@@ -2,8 +2,9 @@
 
 ``auto`` stores K/V in the model's dtype. ``fp8`` stores ``float8_e4m3fn`` with a per-tensor scale
 of 1.0: half the bytes of bf16, so a decode step reads half as much KV and twice the tokens fit.
-Values are clamped to the format's finite range (±448) when written and widened to the query's
-dtype when read, so attention math never runs in FP8.
+Values are clamped to the format's finite range (±448) when written and widened when read (to the
+query's dtype; the CUDA decode kernel widens to fp16, which holds every e4m3 value exactly and
+converts in one instruction), so attention math never runs in FP8.
 """
 
 from __future__ import annotations
