@@ -24,7 +24,6 @@ from fulcrum.attention.torch_ref import TorchAttentionBackend  # noqa: E402
 from fulcrum.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from fulcrum.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
 from fulcrum.kernels.decode_attention import decode_attention, decode_attention_ref  # noqa: E402
-from fulcrum.kernels.gemv import ADD_NORM, NONE, NORM, SILU, gemv, gemv_ref  # noqa: E402
 from fulcrum.kernels.prefill_attention import (  # noqa: E402
     prefill_attention,
     prefill_attention_ref,
@@ -225,25 +224,3 @@ def test_fp8_cache_kernels_llama8b() -> None:
         decode_mod.FP8_MODE = mode0
     err = (dec.float() - want.float()).norm() / want.float().norm()
     assert err < 0.05, f"relative error {err:.4f}"
-
-
-@pytest.mark.parametrize("prologue", [NONE, NORM, ADD_NORM, SILU])
-@pytest.mark.parametrize("m", [1, 5, 16])
-def test_gemv_llama8b_bf16(prologue: int, m: int) -> None:
-    """Fused small-batch linear layers at the 8B's shapes against fp32 torch."""
-    g = _gen(10 + m)
-    for n, k in ((6144, 4096), (4096, 14336)):
-        cols = 2 * k if prologue == SILU else k
-        x = torch.randn(m, cols, generator=g).cuda().bfloat16()
-        w = (torch.randn(n, k, generator=g) / k**0.5).cuda().bfloat16()
-        kw: dict = {"prologue": prologue}
-        if prologue == ADD_NORM:
-            kw["residual"] = torch.randn(m, k, generator=g).cuda().bfloat16()
-        if prologue in (NORM, ADD_NORM):
-            kw["norm_weight"] = (1 + 0.1 * torch.randn(k, generator=g)).cuda().bfloat16()
-        bias = torch.randn(n, generator=g).cuda().bfloat16() if m == 5 else None
-        out, new_res = gemv(x, w, bias, **kw)
-        want, want_res = gemv_ref(x, w, bias, **kw)
-        torch.testing.assert_close(out.float(), want.float(), atol=3e-2, rtol=2e-2)
-        if prologue == ADD_NORM:
-            assert torch.equal(new_res, want_res)
