@@ -29,6 +29,8 @@ from fulcrum.kernels.prefill_attention import prefill_attention
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 
 
+SPREAD = 0.0  # --ctx-spread: contexts drawn uniformly from ctx * [1 - SPREAD, 1 + SPREAD]
+ORDERS: list[str] = []  # --orders
 LAYOUT = "nhd"  # --layout: how a block is laid out in memory (the kernels see [.., page, heads, D])
 
 
@@ -48,13 +50,20 @@ def _paged(batch: int, ctx: int, dtype: torch.dtype) -> tuple[torch.Tensor, torc
 def bench_decode(
     batch: int, ctx: int, splits: list[int | None], dtype: torch.dtype, kv_dtype: torch.dtype
 ) -> None:
-    cache, table = _paged(batch, ctx, dtype)
+    cache, table = _paged(batch, int(ctx * (1 + SPREAD)) + PAGE, dtype)
     if kv_dtype != cache.dtype:  # convert keeping the layout (``.to`` of a permuted view does)
         cache = torch.empty_like(cache, dtype=kv_dtype).copy_(cache)
-    seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+    g = torch.Generator().manual_seed(0)
+    lo = int(ctx * (1 - SPREAD)) if SPREAD else ctx
+    seq_lens = torch.randint(max(1, lo), ctx + 1, (batch,), generator=g)
+    if SPREAD:  # the upper half mirrors the lower one: mean ctx, range ctx * (1 -+ SPREAD)
+        seq_lens = torch.where(torch.arange(batch) % 2 == 0, seq_lens, 2 * ctx - seq_lens)
+        seq_lens = seq_lens.clamp(max=(ctx * (1 + SPREAD) + PAGE - 1) // PAGE * PAGE)
+    seq_lens = seq_lens.to(torch.int32).cuda()
     q = torch.randn(batch, HQ, D, device="cuda", dtype=dtype)
     out = torch.empty_like(q)
-    kv_bytes = batch * ctx * 2 * HKV * D * cache.element_size()
+    kv_bytes = int(seq_lens.sum()) * 2 * HKV * D * cache.element_size()
+    orders = {"request": None, "longest-first": torch.argsort(seq_lens, descending=True)}
     ws = DecodeWorkspace()
     # Warm-up: compile and let the clocks ramp before the first timed config.
     triton.testing.do_bench(
@@ -62,16 +71,16 @@ def bench_decode(
         warmup=200,
         rep=200,
     )
-    for s in splits:
+    for s, order in ((s, o) for s in splits for o in (ORDERS or ["request"])):
         n = s if s is not None else default_num_splits(batch, HKV, q.device)
         ms = triton.testing.do_bench(
-            lambda n=n: decode_attention(
-                q, cache, table, seq_lens, D**-0.5, out=out, num_splits=n, workspace=ws
+            lambda n=n, order=orders[order]: decode_attention(
+                q, cache, table, seq_lens, D**-0.5, out=out, num_splits=n, workspace=ws, order=order
             ),
             warmup=50,
             rep=300,
         )
-        tag = f"{n}{'*' if s is None else ''}"
+        tag = f"{n}{'*' if s is None else ''}" + (f" {order}" if ORDERS else "")
         cfg = FP8_GPU_CONFIG if kv_dtype == torch.float8_e4m3fn else GPU_CONFIG
         print(
             f"decode  B={batch:<3d} ctx={ctx:<5d} kv={str(kv_dtype)[6:]:<13s} splits={tag:<4s} "
@@ -104,6 +113,19 @@ def main() -> None:
     p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     p.add_argument("--kv-cache", choices=["auto", "fp8"], default="auto", help="KV-cache dtype")
     p.add_argument(
+        "--ctx-spread",
+        type=float,
+        default=0.0,
+        help="contexts uniform in ctx * [1 - s, 1 + s] instead of all equal to ctx",
+    )
+    p.add_argument(
+        "--orders",
+        nargs="*",
+        default=[],
+        choices=["request", "longest-first"],
+        help="decode program orders to compare (longest-first: programs sorted by context)",
+    )
+    p.add_argument(
         "--layout",
         choices=["nhd", "hnd"],
         nargs="+",
@@ -130,7 +152,8 @@ def main() -> None:
     configs = [tuple(int(x) for x in c.split(",")) for c in args.decode_configs] or [None]
     launch = FP8_GPU_CONFIG if args.kv_cache == "fp8" else GPU_CONFIG
     default = dict(launch)
-    global LAYOUT
+    global LAYOUT, SPREAD, ORDERS
+    SPREAD, ORDERS = args.ctx_spread, args.orders
     mode0 = decode_mod.FP8_MODE
     for LAYOUT, mode in ((lay, m) for lay in args.layout for m in args.fp8_modes or [mode0]):
         decode_mod.FP8_MODE = mode

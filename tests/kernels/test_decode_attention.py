@@ -30,6 +30,27 @@ def test_decode_matches_ref(
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_decode_longest_first_order_gives_the_same_rows(num_splits: int) -> None:
+    """Programs taken in a permuted request order (longest contexts first) write each request's
+    own row, mixed batch included."""
+    g = torch.Generator().manual_seed(11 + num_splits)
+    seq_lens, query_lens = [5, 40, 9, 33, 18], [1, 1, 3, 1, 1]
+    cache, meta = make_paged_batch(seq_lens, query_lens, 2, 64, 4, generator=g)
+    q = torch.randn(meta.num_tokens, 4, 64, generator=g)
+    order = torch.argsort(meta.seq_lens, descending=True)
+    args = (q, cache, meta.block_tables, meta.seq_lens, 0.1)
+    kw = {"query_start_loc": meta.query_start_loc, "num_splits": num_splits}
+    plain = decode_attention(*args, out=torch.zeros_like(q), **kw)
+    ordered = decode_attention(*args, out=torch.zeros_like(q), order=order, **kw)
+    assert torch.equal(plain, ordered)
+    rows = meta.query_start_loc[[0, 1, 3, 4]].long()
+    ref = decode_attention_ref(
+        q[rows], cache, meta.block_tables[[0, 1, 3, 4]], meta.seq_lens[[0, 1, 3, 4]], 0.1
+    )
+    torch.testing.assert_close(ordered[rows], ref, atol=2e-5, rtol=1e-4)
+
+
 def test_decode_skips_longer_queries_and_reuses_workspace() -> None:
     """Rows of requests with query_len != 1 stay untouched; the scratch is reused, not regrown."""
     g = torch.Generator().manual_seed(7)

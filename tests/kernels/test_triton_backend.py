@@ -20,12 +20,20 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize(
-    ("num_heads", "num_kv_heads", "head_dim", "page_size"),
-    [(4, 4, 64, 4), (6, 2, 64, 16), (8, 2, 128, 4)],
+    ("num_heads", "num_kv_heads", "head_dim", "page_size", "order_min_reqs"),
+    # order_min_reqs 1: decode programs take requests longest context first
+    [(4, 4, 64, 4, 64), (6, 2, 64, 16, 1), (8, 2, 128, 4, 64)],
 )
 def test_triton_backend_matches_torch(
-    case: str, num_heads: int, num_kv_heads: int, head_dim: int, page_size: int
+    case: str,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    order_min_reqs: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr("fulcrum.attention.triton_backend.ORDER_MIN_REQS", order_min_reqs)
     seq_lens, query_lens, pad = CASES[case]
     g = torch.Generator().manual_seed(len(case) * 7 + num_heads + page_size)
     cache, meta = make_paged_batch(

@@ -25,6 +25,10 @@ from fulcrum.kernels.reshape_and_cache import reshape_and_cache
 
 # One scratch per device, shared by every layer: layers run one after another on one stream.
 _WORKSPACES: dict[torch.device, DecodeWorkspace] = {}
+# From this many requests the decode kernel takes them longest context first, so the programs
+# left running at the end of a layer are short ones (batch 384, contexts 1,000-2,000 on an H200:
+# 572 -> 556 us; batch 128: 222 -> 213 us). Depends on the batch size only: graph-safe.
+ORDER_MIN_REQS = 64
 
 
 def _workspace(device: torch.device) -> DecodeWorkspace:
@@ -70,6 +74,12 @@ class TritonAttentionBackend(AttentionBackend):
         query_start_loc = meta.query_start_loc[: n + 1]
         has_decode, work = self._plan(q, kv_cache, meta)
         if has_decode:
+            order = None
+            if n >= ORDER_MIN_REQS:  # one sort per step, shared by the layers
+                order = meta.backend_cache.get("decode_order")
+                if order is None:
+                    order = torch.argsort(seq_lens, descending=True)
+                    meta.backend_cache["decode_order"] = order
             decode_attention(
                 q,
                 kv_cache,
@@ -79,6 +89,7 @@ class TritonAttentionBackend(AttentionBackend):
                 query_start_loc=query_start_loc,
                 out=out,
                 workspace=_workspace(q.device),
+                order=order,
             )
         if work is not None:
             prefill_attention(

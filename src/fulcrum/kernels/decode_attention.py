@@ -60,6 +60,7 @@ def _decode_split_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     qsl_ptr,
+    order_ptr,  # [R] request per program row (longest first), read when HAS_ORDER
     out_ptr,  # [T, Hq, D]: written directly when NUM_SPLITS == 1
     part_out_ptr,  # [R, Hq, S, D] fp32
     part_lse_ptr,  # [R, Hq, S] fp32
@@ -88,8 +89,11 @@ def _decode_split_kernel(
     PRECISION: tl.constexpr,
     COMPUTE: tl.constexpr,
     FP8_MODE: tl.constexpr,  # FP8_MODES; 0 for any other cache dtype
+    HAS_ORDER: tl.constexpr,
 ):
     b = tl.program_id(0)
+    if HAS_ORDER:
+        b = tl.load(order_ptr + b).to(tl.int32)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     q_row = tl.load(qsl_ptr + b)
@@ -257,6 +261,7 @@ def decode_attention(
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]
     num_splits: int | None = None,
     workspace: DecodeWorkspace | None = None,
+    order: torch.Tensor | None = None,  # [num_reqs] int: a permutation, longest contexts first
 ) -> torch.Tensor:
     """Attention of each single-token request's query over its whole paged context.
 
@@ -290,6 +295,7 @@ def decode_attention(
         block_tables,
         seq_lens,
         query_start_loc,
+        order if order is not None else query_start_loc,
         out,
         part_out,
         part_lse,
@@ -318,6 +324,7 @@ def decode_attention(
         PRECISION=dot_precision(q, kv_cache),
         COMPUTE=compute_dtype(q, kv_cache),
         FP8_MODE=FP8_MODES[FP8_MODE] if is_fp8(kv_cache.dtype) and q.is_cuda else 0,
+        HAS_ORDER=order is not None,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

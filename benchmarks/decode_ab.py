@@ -1,0 +1,110 @@
+"""A/B of decode-step settings in one process: device time of a captured decode step under each
+combination of BLAS library (cuBLAS, cuBLASLt) and decode program order (request order, longest
+context first), for
+
+    batch 1 at a 1,000-token context            (single-stream latency)
+    batch 384 at contexts spread over 1,000-2,000  (the 1,000/1,000 steady state)
+    batch 384 at contexts spread over 128-256      (the 128/128 steady state)
+
+Each setting gets its own CUDA graph of the same step (static inputs as the last real step left
+them); figures are the median of several timed replays, settings interleaved to share drift.
+
+    python benchmarks/decode_ab.py [--batch 384] [--rounds 3]   (Llama-3.1-8B shape, dummy, bf16)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_h200 as g  # noqa: E402
+from gpu_profile import _step_until  # noqa: E402
+
+SETTINGS = [  # (BLAS library, ORDER_MIN_REQS)
+    ("cublas", 10**9),
+    ("cublas", 64),
+    ("cublaslt", 10**9),
+    ("cublaslt", 64),
+]
+
+
+def _graph_ms(runner, b: int, iters: int = 10) -> float:
+    import torch
+
+    run = lambda: runner.graphs._run_static(b)  # noqa: E731
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    del graph
+    return start.elapsed_time(end) / iters
+
+
+def _ab(runner, b: int, rounds: int) -> dict:
+    import torch
+
+    import fulcrum.attention.triton_backend as tb
+
+    times: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for lib, order_min in SETTINGS:
+            torch.backends.cuda.preferred_blas_library(lib)
+            tb.ORDER_MIN_REQS = order_min
+            key = f"{lib} order>={order_min if order_min < 10**9 else 'off'}"
+            times.setdefault(key, []).append(_graph_ms(runner, b))
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    tb.ORDER_MIN_REQS = 64
+    return {k: round(statistics.median(v), 4) for k, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=384)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    from fulcrum import LLM, SamplingParams
+
+    llm = LLM(g.MODEL, **g.ENGINE)
+    core = llm.core
+    rng = random.Random(0)
+    sp = SamplingParams(temperature=0, max_tokens=3000, ignore_eos=True)
+
+    def add(n_in: int) -> None:
+        llm._add([rng.randrange(1000, 120000) for _ in range(n_in)], sp)
+
+    res = {}
+    add(1000)
+    _step_until(core, lambda: all(r.num_output_tokens > 2 for r in core.scheduler.running))
+    res["batch_1_ctx_1000_ms"] = _ab(core.runner, 1, args.rounds)
+    print(json.dumps(res), flush=True)
+    core.abort_requests(list(core.scheduler.requests))
+    _step_until(core, lambda: not core.has_unfinished_requests())
+
+    for _ in range(args.batch):
+        add(rng.randrange(1000, 2000))
+    _step_until(
+        core,
+        lambda: (
+            len(core.scheduler.running) == args.batch
+            and all(r.num_output_tokens > 2 for r in core.scheduler.running)
+        ),
+    )
+    res[f"batch_{args.batch}_ctx_1000_2000_ms"] = _ab(core.runner, args.batch, args.rounds)
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The weight GEMMs of a Llama-3.1-8B step on CUDA, per BLAS library, against 790 TFLOP/s.
+
+A decode step at batch 384 and a mixed step of ~8.6k tokens are compute-bound: their time is the
+GEMM FLOPs over the tensor-core rate. Each figure is one CUDA-graph replay over several weight
+copies (so L2 holds none of them), divided by the copies.
+
+    PYTHONPATH=src python benchmarks/gemm_bench.py [--m 384 8576] [--blas cublas cublaslt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+import torch.nn.functional as F
+
+HIDDEN, INTER, QKV, VOCAB, LAYERS = 4096, 14336, 6144, 128256, 32
+SHAPES = {  # name: (N, K, calls per step)
+    "qkv": (QKV, HIDDEN, LAYERS),
+    "o_proj": (HIDDEN, HIDDEN, LAYERS),
+    "gate_up": (2 * INTER, HIDDEN, LAYERS),
+    "down": (HIDDEN, INTER, LAYERS),
+    "lm_head": (VOCAB, HIDDEN, 1),
+}
+PEAK = 790e12
+
+
+def graph_time(fn, reps: int = 10) -> float:
+    """Seconds per call of ``fn`` captured once in a CUDA graph (median of ``reps`` replays)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--m", type=int, nargs="+", default=[384, 8576], help="rows (tokens per step)")
+    p.add_argument("--blas", nargs="+", default=["cublas", "cublaslt"], help="BLAS libraries")
+    args = p.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}  bf16  peak {PEAK / 1e12:.0f} TFLOP/s")
+    dt = torch.bfloat16
+    for m in args.m:
+        totals = dict.fromkeys(args.blas, 0.0)
+        flops_total = 0.0
+        for name, (n, k, calls) in SHAPES.items():
+            copies = max(2, math.ceil(1e9 / (n * k * 2)))
+            ws = [torch.randn(n, k, device="cuda", dtype=dt) / k**0.5 for _ in range(copies)]
+            x = torch.randn(m, k, device="cuda", dtype=dt)
+            flops = 2 * m * n * k
+            flops_total += flops * calls
+            row = [f"M={m:<5d} {name:8s}"]
+            for lib in args.blas:
+                torch.backends.cuda.preferred_blas_library(lib)
+                t = graph_time(lambda x=x, ws=ws: [F.linear(x, w) for w in ws]) / copies
+                totals[lib] += t * calls
+                row.append(f"{lib} {t * 1e6:8.1f} us {flops / t / PEAK:5.1%}")
+            print(" | ".join(row), flush=True)
+            ws.clear()
+            torch.cuda.empty_cache()
+        for lib, t in totals.items():
+            print(
+                f"M={m:<5d} step total {lib}: {t * 1e3:7.2f} ms  {flops_total / t / PEAK:5.1%} "
+                f"of peak (floor {flops_total / PEAK * 1e3:.2f} ms)",
+                flush=True,
+            )
+    torch.backends.cuda.preferred_blas_library("cublas")
+
+
+if __name__ == "__main__":
+    main()
