@@ -1,10 +1,13 @@
-"""End-to-end A/B on one machine: the engine as it is against a baseline without two step-level
-settings (cuBLASLt for the weight GEMMs, decode programs ordered longest context first), each in
-its own process, same workloads as ``gpu_h200.py`` (128/128 x 1,000, TTFT, 1,000/1,000 x 1,000).
+"""End-to-end A/B on one machine, each variant in its own process, same workloads as
+``gpu_h200.py`` (TTFT, 128/128 x 1,000, 1,000/1,000 x 1,000):
 
-    python benchmarks/throughput_ab.py [--order new,base] [--skip-long]
+    new       the engine as it is
+    base      decode programs in request order (not longest context first)
+    cublaslt  the engine with torch's cuBLASLt preferred for the GEMMs
 
-Prints one RESULT line per measurement with ``variant`` = new | base.
+    python benchmarks/throughput_ab.py [--order new,base,cublaslt] [--skip-long]
+
+Prints one RESULT line per measurement with its ``variant``.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ import gpu_h200 as g  # noqa: E402
 
 def variant(name: str, long: bool) -> None:
     if name == "base":
-        import torch
-
         import fulcrum.attention.triton_backend as tb
 
-        torch.backends.cuda.preferred_blas_library = lambda *a, **k: None  # keep torch's cuBLAS
         tb.ORDER_MIN_REQS = 10**9
+    if name == "cublaslt":
+        import torch
+
+        torch.backends.cuda.preferred_blas_library("cublaslt")
     from fulcrum import LLM
 
     llm = LLM(g.MODEL, **g.ENGINE)
@@ -34,6 +38,7 @@ def variant(name: str, long: bool) -> None:
     t_end = time.perf_counter() + 1e9
     drv.run(g.workload(8, 300, 16, 99), t_end)  # warm-up
     g.bench_prefill(drv, t_end)
+    g.bench_itl(drv, t_end)
     plan = [("128/128", 1000, 128, 128)] + ([("1000/1000", 1000, 1000, 1000)] if long else [])
     for wl, n, n_in, n_out in plan:
         r = drv.run(g.workload(n, n_in, n_out, 7), t_end)

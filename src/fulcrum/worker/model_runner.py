@@ -91,11 +91,6 @@ class ModelRunner:
         num_heads = mc.hf_config.num_attention_heads
         backend_cls = get_backend_cls(config.attention_backend, self.device)
         self.attn_backend = backend_cls(num_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim**-0.5)
-        if self.device.type == "cuda":
-            # cuBLASLt's kernels beat cuBLAS's on this engine's weight GEMMs (H200, Llama-3.1-8B
-            # shapes, benchmarks/gemm_bench.py: batch-384 decode step 8.20 -> 8.08 ms, 8.6k-token
-            # step 201 -> 192 ms). A process-wide torch setting; torch warns it is experimental.
-            torch.backends.cuda.preferred_blas_library("cublaslt")
         torch.manual_seed(mc.seed)
         self.model, self.load_time = load_model(mc, self.attn_backend, self.device)
         self.sampler = Sampler()
