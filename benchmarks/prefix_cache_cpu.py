@@ -6,11 +6,13 @@ TTFT is first-token time minus arrival. Unique: the same shapes with no shared p
 what the cache costs when nothing is shared.
 
     python benchmarks/prefix_cache_cpu.py [--groups 8] [--per-group 8] [--json out.json]
+        [--only prefix-fcfs ...] [--repeat N]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import statistics
@@ -40,6 +42,17 @@ def run(prompts, out_len: int, cache: bool, policy: str) -> dict:
               schedule_policy=policy)
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    # Every step's batch, (request id, new tokens): two policies that schedule the same steps
+    # get the same digest, so a throughput difference between them is not the policy's.
+    sched, steps = llm.core.scheduler, []
+    schedule = sched.schedule
+
+    def recording_schedule():
+        out = schedule()
+        steps.append(tuple((r.request_id, n) for r, n in out.scheduled))
+        return out
+
+    sched.schedule = recording_schedule
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     dt = time.perf_counter() - t0
@@ -51,7 +64,18 @@ def run(prompts, out_len: int, cache: bool, policy: str) -> dict:
         "total_tok_s": (n_out + sum(map(len, prompts))) / dt,
         "ttft_p50_s": statistics.median(ttft), "ttft_p95_s": pct(ttft, 0.95),
         "hit_rate": st["prefix_cache_hits"] / max(1, st["prefix_cache_queries"]),
+        "steps": len(steps),
+        "schedule_digest": hashlib.sha1(repr(steps).encode()).hexdigest()[:12],
     }
+
+
+CASES = {  # name: (traffic, prefix cache, policy)
+    "prefix-lpm": ("prefix-heavy", True, "lpm"),
+    "prefix-fcfs": ("prefix-heavy", True, "fcfs"),
+    "prefix-nocache": ("prefix-heavy", False, "fcfs"),
+    "unique-cache": ("unique", True, "fcfs"),
+    "unique-nocache": ("unique", False, "fcfs"),
+}
 
 
 def main() -> None:
@@ -63,16 +87,18 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64, help="Output tokens per request.")
     ap.add_argument("--seed", type=int, default=0, help="Workload seed.")
     ap.add_argument("--json", default=None, help="Write results here.")
+    ap.add_argument("--only", choices=CASES, nargs="+", default=None,
+                    help="Run only these cases (default: all).")
+    ap.add_argument("--repeat", type=int, default=1, help="Runs of each case, one process.")
     args = ap.parse_args()
     results = []
-    for shared in (True, False):
+    for name in args.only or CASES:
+        traffic, cache, policy = CASES[name]
         prompts = workload(args.groups, args.per_group, args.prefix_len, args.question_len,
-                           shared, args.seed)
-        for cache, policy in ((True, "lpm"), (True, "fcfs"), (False, "fcfs")):
-            if not shared and policy == "lpm":
-                continue
+                           traffic == "prefix-heavy", args.seed)
+        for i in range(args.repeat):
             r = run(prompts, args.output_len, cache, policy)
-            r["traffic"] = "prefix-heavy" if shared else "unique"
+            r.update(traffic=traffic, case=name, run=i)
             print(json.dumps(r), flush=True)
             results.append(r)
     if args.json:
