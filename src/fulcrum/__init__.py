@@ -3,9 +3,9 @@
 import os
 
 # Huge pages for torch's large CPU allocations (the KV pool, each step's gathered K/V): with 4 KiB
-# pages a CPU decode step spent much of its time faulting in fresh memory, and run times of one
-# workload varied 2x (SmolLM2, 32 x 1,064-token prompts: 19.9-47.4 s without, 19.8-27.4 s with).
-# torch reads this once, at its first allocation, so it only takes effect before torch is used.
+# pages a CPU decode step spends much of its time faulting in fresh memory (BENCHMARKS.md, section
+# 2: 7-15% faster, and no more runs twice as slow). torch reads this once, at its first
+# allocation, so it only takes effect when set before torch is used.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from fulcrum.sampling_params import SamplingParams  # noqa: E402
