@@ -34,23 +34,7 @@ SETTINGS = [  # (BLAS library, ORDER_MIN_REQS)
 
 
 def _graph_ms(runner, b: int, iters: int = 10) -> float:
-    import torch
-
-    run = lambda: runner.graphs._run_static(b)  # noqa: E731
-    run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    del graph
-    return start.elapsed_time(end) / iters
+    return g.replay_ms(g.capture_graph(lambda: runner.graphs._run_static(b)), iters)
 
 
 def _ab(runner, b: int, rounds: int) -> dict:

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_h200 as g  # noqa: E402
 
 HIDDEN, INTER, QKV, VOCAB, LAYERS = 4096, 14336, 6144, 128256, 32
 SHAPES = {  # name: (N, K, calls per step)
@@ -27,22 +32,8 @@ PEAK = 790e12
 
 
 def graph_time(fn, reps: int = 10) -> float:
-    """Seconds per call of ``fn`` captured once in a CUDA graph (median of ``reps`` replays)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return sorted(times)[len(times) // 2]
+    """Seconds per call of ``fn`` captured once in a CUDA graph (mean of ``reps`` replays)."""
+    return g.replay_ms(g.capture_graph(fn), reps) / 1e3
 
 
 def main() -> None:

@@ -54,6 +54,32 @@ def prefill_floor_s(tokens: int) -> float:
     return 2 * PARAMS * tokens / FLOPS
 
 
+def capture_graph(fn):
+    """``fn`` run once (warm-up), then captured in a new CUDA graph, which is returned."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def replay_ms(graph, iters: int) -> float:
+    """Mean device time of one replay of ``graph`` over ``iters`` back-to-back replays, in ms."""
+    import torch
+
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def emit(name: str, **data) -> None:
     print("RESULT " + json.dumps({"name": name, **data}), flush=True)
 
