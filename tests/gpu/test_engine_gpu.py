@@ -71,9 +71,13 @@ def _engine(path: str, dtype: str, eager: bool, async_scheduling: str = "auto") 
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_graph_replay_matches_eager(tiny_llama: str, dtype: str) -> None:
+def test_graph_replay_matches_eager(
+    tiny_llama: str, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """19 requests with different output lengths: the batch shrinks through several buckets.
-    Reference: eager, one step at a time; checked: graphs with asynchronous scheduling."""
+    Reference: eager, one step at a time, decode programs in request order; checked: graphs with
+    asynchronous scheduling and, from batch 8, decode programs longest context first (the device
+    sort captured in the graphs)."""
     prompts = _prompts(19, 320, seed=1)
     max_tokens = [8 + 3 * i for i in range(19)]
     logprobs = None if dtype == "float32" else TOP
@@ -84,6 +88,7 @@ def test_graph_replay_matches_eager(tiny_llama: str, dtype: str) -> None:
     del eager
     gc.collect()
 
+    monkeypatch.setattr("fulcrum.attention.triton_backend.ORDER_MIN_REQS", 8)
     llm = _engine(tiny_llama, dtype, eager=False)
     assert llm.core.async_scheduling
     runner = llm.core.runner
