@@ -26,19 +26,50 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     write_rows(flat[1], slot_mapping, v)
 
 
-def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int):
+class GatherScratch:
+    """Two reusable buffers for gathered K and V rows. Layers attend one after another, so one
+    pair serves every layer of every step: gathering into fresh tensors allocated (and, on the
+    CPU, page-faulted in) the whole batch's K/V twice per layer."""
+
+    def __init__(self) -> None:
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+
+    def get(self, rows: int, cols: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = rows * cols
+        k = self._k
+        if k is None or k.numel() < n or k.dtype != like.dtype or k.device != like.device:
+            self._k = torch.empty(n, dtype=like.dtype, device=like.device)
+            self._v = torch.empty(n, dtype=like.dtype, device=like.device)
+        assert self._k is not None and self._v is not None
+        return self._k[:n].view(rows, cols), self._v[:n].view(rows, cols)
+
+
+def gather_kv(
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    length: int,
+    scratch: GatherScratch | None = None,
+):
     """K and V of one or more requests: [..., length, num_kv_heads, head_dim].
 
     Whole blocks are copied with ``index_select`` over a 2-D view (one contiguous row per
-    block), several times faster on the CPU than advanced indexing.
+    block), several times faster on the CPU than advanced indexing. With ``scratch`` the rows
+    land in its buffers (valid until its next use) instead of new tensors.
     """
     _, nb, bs, h, d = kv_cache.shape
     nblk = (length + bs - 1) // bs
-    blocks = block_table[..., :nblk].long()
+    blocks = block_table[..., :nblk].long().reshape(-1)
     flat = kv_cache.view(2, nb, bs * h * d)
-    shape = (*blocks.shape[:-1], nblk * bs, h, d)
-    k = torch.index_select(flat[0], 0, blocks.reshape(-1)).view(shape)
-    v = torch.index_select(flat[1], 0, blocks.reshape(-1)).view(shape)
+    shape = (*block_table.shape[:-1], nblk * bs, h, d)
+    if scratch is None:
+        k = torch.index_select(flat[0], 0, blocks)
+        v = torch.index_select(flat[1], 0, blocks)
+    else:
+        k, v = scratch.get(blocks.numel(), bs * h * d, kv_cache)
+        torch.index_select(flat[0], 0, blocks, out=k)
+        torch.index_select(flat[1], 0, blocks, out=v)
+    k, v = k.view(shape), v.view(shape)
     return k[..., :length, :, :], v[..., :length, :, :]
 
 
@@ -81,6 +112,10 @@ def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 @register_backend("torch")
 class TorchAttentionBackend(AttentionBackend):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+        self._scratch = GatherScratch()  # decode K/V, [B, L, Hkv, D], shared by the layers
+
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         write_kv(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
@@ -88,7 +123,7 @@ class TorchAttentionBackend(AttentionBackend):
         groups = self.num_heads // self.num_kv_heads
         if plan["decode"] is not None:
             idx, tok, max_len, mask = plan["decode"]
-            kk, vv = gather_kv(kv_cache, meta.block_tables[idx], max_len)  # [B, L, Hkv, D]
+            kk, vv = gather_kv(kv_cache, meta.block_tables[idx], max_len, self._scratch)
             o = F.scaled_dot_product_attention(
                 q[tok].unsqueeze(2),  # [B, H, 1, D]
                 kk.transpose(1, 2).to(q.dtype),
