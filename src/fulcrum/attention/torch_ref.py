@@ -29,7 +29,8 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
 class GatherScratch:
     """Two reusable buffers for gathered K and V rows. Layers attend one after another, so one
     pair serves every layer of every step: gathering into fresh tensors allocated (and, on the
-    CPU, page-faulted in) the whole batch's K/V twice per layer."""
+    CPU, page-faulted in) the whole batch's K/V twice per layer. The pair keeps the size of the
+    largest decode batch's K/V seen so far."""
 
     def __init__(self) -> None:
         self._k: torch.Tensor | None = None

@@ -15,6 +15,10 @@ a split past the end of a short context writes lse = -inf. Stage 2 (one program 
 query head)) combines the splits: ``out = sum_s 2^(lse_s - M) * o_s / sum_s 2^(lse_s - M)``.
 With a single split, stage 1 writes the final rows itself and stage 2 is not launched.
 
+With ``order`` (a permutation of the requests, longest context first), program row ``i`` serves
+request ``order[i]``: programs start roughly in grid order, so the ones still running at the end
+of the kernel are short.
+
 Rows are found through ``query_start_loc``: request ``b`` owns query row ``query_start_loc[b]``
 and is skipped unless its query length is exactly 1, so this kernel can serve the decode rows of
 a mixed batch. The grid depends only on ``num_reqs`` and the split count, and nothing here syncs
