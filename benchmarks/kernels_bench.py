@@ -29,16 +29,14 @@ from fulcrum.kernels.prefill_attention import prefill_attention
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 
 
-SPREAD = 0.0  # --ctx-spread: contexts drawn uniformly from ctx * [1 - SPREAD, 1 + SPREAD]
-ORDERS: list[str] = []  # --orders
-LAYOUT = "nhd"  # --layout: how a block is laid out in memory (the kernels see [.., page, heads, D])
-
-
-def _paged(batch: int, ctx: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """A cache holding ``batch`` contexts of ``ctx`` tokens in shuffled blocks, and its table."""
+def _paged(
+    batch: int, ctx: int, dtype: torch.dtype, layout: str = "nhd"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache holding ``batch`` contexts of ``ctx`` tokens in shuffled blocks, and its table.
+    ``layout`` is how a block lies in memory; the kernels always see [.., page, heads, D]."""
     per_req = (ctx + PAGE - 1) // PAGE
     num_blocks = batch * per_req
-    if LAYOUT == "hnd":  # each head's page contiguous; the kernels read it through strides
+    if layout == "hnd":  # each head's page contiguous; the kernels read it through strides
         cache = torch.randn(2, num_blocks, HKV, PAGE, D, device="cuda", dtype=dtype)
         cache = cache.permute(0, 1, 3, 2, 4)
     else:
@@ -48,22 +46,29 @@ def _paged(batch: int, ctx: int, dtype: torch.dtype) -> tuple[torch.Tensor, torc
 
 
 def bench_decode(
-    batch: int, ctx: int, splits: list[int | None], dtype: torch.dtype, kv_dtype: torch.dtype
+    batch: int,
+    ctx: int,
+    splits: list[int | None],
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    spread: float = 0.0,  # contexts uniform in ctx * [1 - spread, 1 + spread]
+    orders: list[str] | None = None,  # program orders to compare (None: request order only)
+    layout: str = "nhd",
 ) -> None:
-    cache, table = _paged(batch, int(ctx * (1 + SPREAD)) + PAGE, dtype)
+    cache, table = _paged(batch, int(ctx * (1 + spread)) + PAGE, dtype, layout)
     if kv_dtype != cache.dtype:  # convert keeping the layout (``.to`` of a permuted view does)
         cache = torch.empty_like(cache, dtype=kv_dtype).copy_(cache)
     g = torch.Generator().manual_seed(0)
-    lo = int(ctx * (1 - SPREAD)) if SPREAD else ctx
+    lo = int(ctx * (1 - spread)) if spread else ctx
     seq_lens = torch.randint(max(1, lo), ctx + 1, (batch,), generator=g)
-    if SPREAD:  # the upper half mirrors the lower one: mean ctx, range ctx * (1 -+ SPREAD)
+    if spread:  # odd rows mirror even ones about ctx: mean ctx, range ctx * (1 -+ spread)
         seq_lens = torch.where(torch.arange(batch) % 2 == 0, seq_lens, 2 * ctx - seq_lens)
-        seq_lens = seq_lens.clamp(max=(ctx * (1 + SPREAD) + PAGE - 1) // PAGE * PAGE)
+        seq_lens = seq_lens.clamp(max=(ctx * (1 + spread) + PAGE - 1) // PAGE * PAGE)
     seq_lens = seq_lens.to(torch.int32).cuda()
     q = torch.randn(batch, HQ, D, device="cuda", dtype=dtype)
     out = torch.empty_like(q)
     kv_bytes = int(seq_lens.sum()) * 2 * HKV * D * cache.element_size()
-    orders = {"request": None, "longest-first": torch.argsort(seq_lens, descending=True)}
+    perms = {"request": None, "longest-first": torch.argsort(seq_lens, descending=True)}
     ws = DecodeWorkspace()
     # Warm-up: compile and let the clocks ramp before the first timed config.
     triton.testing.do_bench(
@@ -71,16 +76,16 @@ def bench_decode(
         warmup=200,
         rep=200,
     )
-    for s, order in ((s, o) for s in splits for o in (ORDERS or ["request"])):
+    for s, order in ((s, o) for s in splits for o in (orders or ["request"])):
         n = s if s is not None else default_num_splits(batch, HKV, q.device)
         ms = triton.testing.do_bench(
-            lambda n=n, order=orders[order]: decode_attention(
+            lambda n=n, order=perms[order]: decode_attention(
                 q, cache, table, seq_lens, D**-0.5, out=out, num_splits=n, workspace=ws, order=order
             ),
             warmup=50,
             rep=300,
         )
-        tag = f"{n}{'*' if s is None else ''}" + (f" {order}" if ORDERS else "")
+        tag = f"{n}{'*' if s is None else ''}" + (f" {order}" if orders else "")
         cfg = FP8_GPU_CONFIG if kv_dtype == torch.float8_e4m3fn else GPU_CONFIG
         print(
             f"decode  B={batch:<3d} ctx={ctx:<5d} kv={str(kv_dtype)[6:]:<13s} splits={tag:<4s} "
@@ -152,18 +157,25 @@ def main() -> None:
     configs = [tuple(int(x) for x in c.split(",")) for c in args.decode_configs] or [None]
     launch = FP8_GPU_CONFIG if args.kv_cache == "fp8" else GPU_CONFIG
     default = dict(launch)
-    global LAYOUT, SPREAD, ORDERS
-    SPREAD, ORDERS = args.ctx_spread, args.orders
     mode0 = decode_mod.FP8_MODE
-    for LAYOUT, mode in ((lay, m) for lay in args.layout for m in args.fp8_modes or [mode0]):
+    for layout, mode in ((lay, m) for lay in args.layout for m in args.fp8_modes or [mode0]):
         decode_mod.FP8_MODE = mode
-        print(f"layout {LAYOUT}" + (f", FP8 tile path: {mode}" if args.kv_cache == "fp8" else ""))
+        print(f"layout {layout}" + (f", FP8 tile path: {mode}" if args.kv_cache == "fp8" else ""))
         for cfg in configs:
             launch.update(default)
             if cfg is not None:
                 launch.update(block_n=cfg[0], num_warps=cfg[1], num_stages=cfg[2])
             for ctx in args.ctx:
-                bench_decode(args.batch, ctx, [None, *args.splits], dtype, kv_dtype)
+                bench_decode(
+                    args.batch,
+                    ctx,
+                    [None, *args.splits],
+                    dtype,
+                    kv_dtype,
+                    args.ctx_spread,
+                    args.orders,
+                    layout,
+                )
     launch.update(default)
     decode_mod.FP8_MODE = mode0
     for t in args.prefill:
