@@ -6,7 +6,7 @@ Prefill is compute bound: reported as causal attention TFLOP/s.
 
     PYTHONPATH=src python benchmarks/kernels_bench.py [--ctx 1000 2000] [--splits 1 2 4 8]
     PYTHONPATH=src python benchmarks/kernels_bench.py --batch 384 --ctx 1500 --kv-cache fp8 \
-        --decode-configs 64,2,3 128,4,3     (launch configs: block_n,num_warps,num_stages)
+        --decode-configs 64,2,3 128,4,3,128 (block_n,num_warps,num_stages[,maxnreg])
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 import triton.testing
 
 import fulcrum.kernels.decode_attention as decode_mod
+import fulcrum.kernels.prefill_attention as prefill_mod
 from fulcrum.kernels.decode_attention import (
     FP8_GPU_CONFIG,
     GPU_CONFIG,
@@ -25,6 +26,7 @@ from fulcrum.kernels.decode_attention import (
     default_num_splits,
 )
 from fulcrum.kernels.prefill_attention import prefill_attention
+from fulcrum.kernels.reshape_and_cache import reshape_and_cache
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 
@@ -89,13 +91,16 @@ def bench_decode(
         cfg = FP8_GPU_CONFIG if kv_dtype == torch.float8_e4m3fn else GPU_CONFIG
         print(
             f"decode  B={batch:<3d} ctx={ctx:<5d} kv={str(kv_dtype)[6:]:<13s} splits={tag:<4s} "
-            f"bn={cfg['block_n']} w={cfg['num_warps']} st={cfg['num_stages']} {ms * 1e3:8.1f} us  "
+            f"bn={cfg['block_n']} w={cfg['num_warps']} st={cfg['num_stages']} "
+            f"r={cfg.get('maxnreg') or '-'} {ms * 1e3:8.1f} us  "
             f"{kv_bytes / ms / 1e6:7.0f} GB/s  (KV {kv_bytes / 1e6:.0f} MB)"
         )
 
 
-def bench_prefill(num_tokens: int, dtype: torch.dtype) -> None:
+def bench_prefill(num_tokens: int, dtype: torch.dtype, kv_dtype: torch.dtype) -> None:
+    """Causal attention of one ``num_tokens`` prompt, and the write of its K/V into the cache."""
     cache, table = _paged(1, num_tokens, dtype)
+    cache = cache.to(kv_dtype)
     q = torch.randn(num_tokens, HQ, D, device="cuda", dtype=dtype)
     qsl = torch.tensor([0, num_tokens], dtype=torch.int32, device="cuda")
     seq_lens = torch.tensor([num_tokens], dtype=torch.int32, device="cuda")
@@ -106,12 +111,24 @@ def bench_prefill(num_tokens: int, dtype: torch.dtype) -> None:
         rep=200,
     )
     flops = 4 * HQ * D * num_tokens * num_tokens / 2  # QK^T and PV, causal half
-    print(f"prefill T={num_tokens:<5d} {ms * 1e3:8.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s")
+    kv = str(kv_dtype)[6:]
+    print(
+        f"prefill T={num_tokens:<5d} kv={kv:<13s} {ms * 1e3:8.1f} us  "
+        f"{flops / ms / 1e9:7.1f} TFLOP/s"
+    )
+    k, v = (torch.randn(num_tokens, HKV, D, device="cuda", dtype=dtype) for _ in "kv")
+    slots = (table.flatten().long()[:, None] * PAGE + torch.arange(PAGE, device="cuda")).flatten()
+    slots = slots[:num_tokens].contiguous()
+    ms = triton.testing.do_bench(lambda: reshape_and_cache(k, v, cache, slots), rep=100)
+    moved = 2 * num_tokens * HKV * D * (k.element_size() + cache.element_size())
+    print(
+        f"cache write T={num_tokens:<5d} kv={kv:<13s} {ms * 1e3:8.1f} us  {moved / ms / 1e6:7.0f} GB/s"
+    )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--batch", type=int, nargs="+", default=[64], help="decode batch sizes")
     p.add_argument("--ctx", type=int, nargs="+", default=[1000, 2000])
     p.add_argument("--splits", type=int, nargs="*", default=[], help="also time these counts")
     p.add_argument("--prefill", type=int, nargs="*", default=[2048], help="prompt lengths")
@@ -148,7 +165,7 @@ def main() -> None:
         "--decode-configs",
         nargs="*",
         default=[],
-        help="decode launch configs to sweep, each block_n,num_warps,num_stages",
+        help="decode launch configs to sweep, each block_n,num_warps,num_stages[,maxnreg]",
     )
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -162,12 +179,14 @@ def main() -> None:
         decode_mod.FP8_MODE = mode
         print(f"layout {layout}" + (f", FP8 tile path: {mode}" if args.kv_cache == "fp8" else ""))
         for cfg in configs:
+            launch.clear()
             launch.update(default)
             if cfg is not None:
                 launch.update(block_n=cfg[0], num_warps=cfg[1], num_stages=cfg[2])
-            for ctx in args.ctx:
+                launch["maxnreg"] = cfg[3] if len(cfg) > 3 else None
+            for batch, ctx in ((b, c) for b in args.batch for c in args.ctx):
                 bench_decode(
-                    args.batch,
+                    batch,
                     ctx,
                     [None, *args.splits],
                     dtype,
@@ -176,10 +195,16 @@ def main() -> None:
                     args.orders,
                     layout,
                 )
+    launch.clear()
     launch.update(default)
     decode_mod.FP8_MODE = mode0
-    for t in args.prefill:
-        bench_prefill(t, dtype)
+    fp8 = kv_dtype == torch.float8_e4m3fn
+    for t, widen16 in ((t, w) for t in args.prefill for w in ((True, False) if fp8 else (True,))):
+        prefill_mod.FP8_TO_FP16 = widen16
+        if fp8:
+            print(f"FP8 tiles widened to {'fp16' if widen16 else args.dtype}")
+        bench_prefill(t, dtype, kv_dtype)
+    prefill_mod.FP8_TO_FP16 = True
 
 
 if __name__ == "__main__":

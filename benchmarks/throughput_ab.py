@@ -4,8 +4,12 @@
     new       the engine as it is
     base      decode programs in request order (not longest context first)
     cublaslt  the engine with torch's cuBLASLt preferred for the GEMMs
+    fp8       the engine with an FP8 KV cache
+    fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
+              (block_n,num_warps,num_stages[,maxnreg])
 
-    python benchmarks/throughput_ab.py [--order new,base,cublaslt] [--skip-long]
+    python benchmarks/throughput_ab.py [--order new base cublaslt fp8@64,4,7,128] [--skip-long]
+        [--sections ttft,itl,128/128,1000/1000]
 
 Prints one RESULT line per measurement with its ``variant``.
 """
@@ -22,7 +26,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h200 as g  # noqa: E402
 
 
-def variant(name: str, long: bool) -> None:
+def variant(name: str, sections: list[str], max_num_seqs: int | None) -> None:
+    engine = dict(g.ENGINE)
+    if max_num_seqs:
+        engine["max_num_seqs"] = max_num_seqs
+    kind, _, cfg = name.partition("@")
+    if kind == "fp8":
+        engine["kv_cache_dtype"] = "fp8"
+    if cfg:
+        import fulcrum.kernels.decode_attention as da
+
+        vals = [int(x) for x in cfg.split(",")]
+        launch = da.FP8_GPU_CONFIG if kind == "fp8" else da.GPU_CONFIG
+        launch.update(block_n=vals[0], num_warps=vals[1], num_stages=vals[2])
+        launch["maxnreg"] = vals[3] if len(vals) > 3 else None
     if name == "base":
         import fulcrum.attention.triton_backend as tb
 
@@ -33,30 +50,42 @@ def variant(name: str, long: bool) -> None:
         torch.backends.cuda.preferred_blas_library("cublaslt")
     from fulcrum import LLM
 
-    llm = LLM(g.MODEL, **g.ENGINE)
+    llm = LLM(g.MODEL, **engine)
     drv = g.Driver(llm)
     t_end = time.perf_counter() + 1e9
     drv.run(g.workload(8, 300, 16, 99), t_end)  # warm-up
-    g.bench_prefill(drv, t_end)
-    g.bench_itl(drv, t_end)
-    plan = [("128/128", 1000, 128, 128)] + ([("1000/1000", 1000, 1000, 1000)] if long else [])
-    for wl, n, n_in, n_out in plan:
+    if "ttft" in sections:
+        g.bench_prefill(drv, t_end)
+    if "itl" in sections:
+        g.bench_itl(drv, t_end)
+    plan = [("128/128", 1000, 128, 128), ("1000/1000", 1000, 1000, 1000)]
+    for wl, n, n_in, n_out in (p for p in plan if p[0] in sections):
         r = drv.run(g.workload(n, n_in, n_out, 7), t_end)
-        g.emit("throughput", variant=name, workload=wl, **r)
+        g.emit("throughput", variant=name, max_num_seqs=engine["max_num_seqs"], workload=wl, **r)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--order", default="new,base", help="variants to run, in this order")
+    ap.add_argument(
+        "--order", nargs="+", default=["new", "base"], help="variants to run, in this order"
+    )
     ap.add_argument("--skip-long", action="store_true", help="leave out 1,000/1,000")
+    ap.add_argument(
+        "--sections",
+        default="ttft,itl,128/128,1000/1000",
+        help="comma-separated measurements to run in each variant",
+    )
+    ap.add_argument(
+        "--max-num-seqs", type=int, help="engine's max_num_seqs for every variant (default 384)"
+    )
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    sections = [s for s in args.sections.split(",") if not (args.skip_long and s == "1000/1000")]
     if args.variant:
-        return variant(args.variant, not args.skip_long)
-    for name in args.order.split(","):
-        cmd = [sys.executable, __file__, "--variant", name] + (
-            ["--skip-long"] if args.skip_long else []
-        )
+        return variant(args.variant, sections, args.max_num_seqs)
+    for name in args.order:
+        cmd = [sys.executable, __file__, "--variant", name, "--sections", ",".join(sections)]
+        cmd += ["--max-num-seqs", str(args.max_num_seqs)] if args.max_num_seqs else []
         print(f"== {name}", flush=True)
         subprocess.run(cmd, check=True)
 

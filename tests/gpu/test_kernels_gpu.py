@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
 from paged_batch import make_paged_batch  # noqa: E402
 
 import fulcrum.kernels.decode_attention as decode_mod  # noqa: E402
+import fulcrum.kernels.prefill_attention as prefill_mod  # noqa: E402
 from fulcrum.attention.torch_ref import TorchAttentionBackend  # noqa: E402
 from fulcrum.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from fulcrum.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
@@ -207,9 +208,14 @@ def test_fp8_cache_kernels_llama8b() -> None:
     assert torch.isfinite(cache.float()).all()
     q = torch.randn(t, HQ, D, device="cuda", dtype=torch.bfloat16)
     args = (q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
-    out = prefill_attention(*args, meta.max_query_len, D**-0.5)
     want = prefill_attention_ref(*args, D**-0.5)
-    torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
+    try:
+        for widen16 in (True, False):  # tiles widened to fp16 (the default) or to bf16
+            prefill_mod.FP8_TO_FP16 = widen16
+            out = prefill_attention(*args, meta.max_query_len, D**-0.5)
+            torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
+    finally:
+        prefill_mod.FP8_TO_FP16 = True
     dec_rows = meta.query_start_loc[1:][[1, 3]] - 1
     dec_args = (q[dec_rows], cache, meta.block_tables[[1, 3]], meta.seq_lens[[1, 3]], D**-0.5)
     want = decode_attention_ref(*dec_args)

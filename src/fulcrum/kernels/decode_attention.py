@@ -46,11 +46,14 @@ MAX_SPLITS = 32
 FP8_MODES = {"widen": 0, "fp16": 1, "fp8": 2}
 FP8_MODE = "fp16"
 # Launch parameters on CUDA (tuned on an H200 with benchmarks/kernels_bench.py) and in the
-# interpreter, where small tiles keep tests quick.
+# interpreter, where small tiles keep tests quick. ``maxnreg`` (optional, for sweeps) caps
+# registers per thread so more programs fit on a multiprocessor (ptxas takes ~200 here); on the
+# H200 every cap tried (96, 128) was slower: the spills cost more than the occupancy gained.
 GPU_CONFIG: dict[str, int] = {"block_n": 64, "num_warps": 2, "num_stages": 3}
-# An FP8 cache: tiles of half the bytes want longer ones and a deeper pipeline (batch 384 x 1,500:
-# 457 us at (128, 4, 5) against 490 us at the bf16 config).
-FP8_GPU_CONFIG: dict[str, int] = {"block_n": 128, "num_warps": 4, "num_stages": 5}
+# An FP8 cache: tiles of half the bytes want a deeper pipeline (the block-table loads take a stage
+# of their own, so 6 stages keep two K/V tiles in flight). H200, contexts 1,000-2,000, longest
+# first: batch 384 414 us against 452 at (128, 4, 5); batch 64 69 against 88 us.
+FP8_GPU_CONFIG: dict[str, int] = {"block_n": 64, "num_warps": 2, "num_stages": 6}
 INTERPRET_CONFIG: dict[str, int] = {"block_n": 16, "num_warps": 4, "num_stages": 1}
 
 
@@ -331,6 +334,7 @@ def decode_attention(
         HAS_ORDER=order is not None,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+        maxnreg=cfg.get("maxnreg"),
     )
     if num_splits == 1:
         return out

@@ -1,0 +1,119 @@
+"""Compile the attention kernels for a GPU architecture on any host (no GPU needed) and report
+what each launch config costs a multiprocessor: registers, spills, shared memory, how many K/V
+tile buffers the software pipeline keeps (one is being read, the rest are loading), and how many
+programs fit per multiprocessor.
+
+    PYTHONPATH=src python benchmarks/kernel_resources.py --kernel decode --kv fp8 \
+        --configs 64,2,6 128,4,5 64,4,5,96     (block_n,num_warps,num_stages[,maxnreg])
+
+Arguments are specialised the way Triton's launcher does at run time (pointers and strides
+divisible by 16), or the loads would not be pipelined here while they are on the device.
+Occupancy limits use Hopper's 64K registers and 227 KB of shared memory per multiprocessor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from fulcrum.kernels import decode_attention as decode_mod
+from fulcrum.kernels import prefill_attention as prefill_mod
+
+REGS_PER_SM, SMEM_PER_SM = 65536, 232448
+UNSPECIALISED = {"scale_log2", "num_splits", "stride_plh"}  # floats and do_not_specialize args
+
+
+def _compile(fn, pointers: dict[str, str], const: dict, arch: int, warps: int, stages: int, regs):
+    names = fn.arg_names
+    sig = {
+        n: pointers.get(n)
+        or ("constexpr" if n in const else "fp32" if n == "scale_log2" else "i32")
+        for n in names
+    }
+    attrs = {
+        (names.index(n),): [["tt.divisibility", 16]]
+        for n in names
+        if sig[n] != "constexpr" and n not in UNSPECIALISED
+    }
+    consts = {(names.index(k),): v for k, v in const.items()}
+    src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
+    opts = dict(num_warps=warps, num_stages=stages, maxnreg=regs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
+
+
+def _ptxas(ptx: str, arch: int) -> tuple[int, int]:
+    """(registers per thread, spill-store bytes) from ptxas -v on the kernel's PTX."""
+    exe = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as fh:
+            fh.write(ptx)
+        cmd = [exe, f"-arch=sm_{arch}a", "-v", path, "-o", os.path.join(d, "k.cubin")]
+        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    spill = int(re.search(r"(\d+) bytes spill stores", log).group(1))
+    return regs, spill
+
+
+def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
+    block_n, warps, stages = cfg[:3]
+    maxnreg = cfg[3] if len(cfg) > 3 else None
+    kv_ty = "fp8e4nv" if kv == "fp8" else "bf16"
+    fp8 = kv == "fp8"
+    common = dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_D=128, BLOCK_N=block_n)
+    if kernel == "decode":
+        fn = decode_mod._decode_split_kernel
+        pointers = {n: "*i32" for n in ("block_tables_ptr", "seq_lens_ptr", "qsl_ptr")}
+        pointers |= dict(order_ptr="*i64", part_out_ptr="*fp32", part_lse_ptr="*fp32")
+        mode = decode_mod.FP8_MODES[decode_mod.FP8_MODE] if fp8 else 0
+        const = dict(
+            common, SPLIT=False, BLOCK_G=16, PRECISION="tf32", COMPUTE=tl.bfloat16,
+            FP8_MODE=mode, HAS_ORDER=True,
+        )  # fmt: skip
+    else:
+        fn = prefill_mod._prefill_kernel
+        pointers = {n: "*i32" for n in ("block_tables_ptr", "seq_lens_ptr", "qsl_ptr", "work_ptr")}
+        compute = tl.float16 if fp8 and prefill_mod.FP8_TO_FP16 else tl.bfloat16
+        const = dict(common, BLOCK_M=128, BLOCK_Q=32, PRECISION="tf32", COMPUTE=compute)
+    pointers |= dict(q_ptr="*bf16", out_ptr="*bf16", k_cache_ptr=f"*{kv_ty}")
+    pointers["v_cache_ptr"] = f"*{kv_ty}"
+    k = _compile(fn, pointers, const, arch, warps, stages, maxnreg)
+    ptx, ttgir, smem = k.asm["ptx"], k.asm["ttgir"], k.metadata.shared
+    regs, spill = _ptxas(ptx, arch)
+    bufs = sorted({int(m) for m in re.findall(r"memdesc<(\d+)x\d+x128x", ttgir)})
+    per_sm = min(REGS_PER_SM // (regs * 32 * warps), SMEM_PER_SM // max(smem, 1))
+    mma = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "fma"
+    return (
+        f"{kernel:<7s} kv={kv:<4s} bn={block_n:<3d} w={warps} st={stages} "
+        f"r={maxnreg or '-':<3}  regs {regs:3d}  spill {spill:4d} B  smem {smem / 1024:5.1f} KB  "
+        f"K/V buffers {max(bufs) if bufs else 0}  programs/SM {per_sm}  "
+        f"warps/SM {per_sm * warps:2d}  cp.async {'yes' if 'cp.async' in ptx else 'NO'}  {mma}"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kernel", choices=["decode", "prefill"], default="decode")
+    p.add_argument("--kv", choices=["bf16", "fp8"], default="bf16", help="KV-cache dtype")
+    p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (Hopper)")
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        default=["64,2,3"],
+        help="launch configs, each block_n,num_warps,num_stages[,maxnreg]",
+    )
+    args = p.parse_args()
+    for c in args.configs:
+        print(report(args.kernel, args.kv, tuple(int(x) for x in c.split(",")), args.arch))
+
+
+if __name__ == "__main__":
+    main()
