@@ -6,8 +6,8 @@ transformers on a sub-sample of the same workload, each beside its physical floo
 Phases run as separate processes, each with a time cap (a phase that runs out stops and says
 so): ``tests`` (tests/gpu), ``fulcrum`` (single-stream ITL with and without CUDA graphs and
 asynchronous scheduling, TTFT, 128/128, 64 x 1000/128, 2048/128, 1000/1000), ``fp8`` (the same
-engine with an FP8 KV cache: ITL and 1000/1000), ``hf`` (transformers ``generate`` static batch
-and ``generate_batch``), ``cold`` (process start to first token).
+engine with an FP8 KV cache and 512 sequences: ITL and 1000/1000), ``hf`` (transformers
+``generate`` static batch and ``generate_batch``), ``cold`` (process start to first token).
 Every result is a ``RESULT {json}`` line in DIR/<phase>.log; all of them end in DIR/bench.json.
 
 Floors (H200: 4.28 TB/s copy, 790 TFLOP/s bf16): a decode step of batch B at mean context C
@@ -36,6 +36,7 @@ ENGINE = dict(
     max_num_seqs=384,
     max_num_batched_tokens=8192,
 )
+FP8_MAX_NUM_SEQS = 512  # the FP8-KV phase (throughput_ab.py --max-num-seqs: 384 vs 512)
 # FULCRUM_BENCH_SMOKE=N: a CPU dry run of the fulcrum phase (SmolLM2 shape, workloads / N).
 SMOKE = int(os.environ.get("FULCRUM_BENCH_SMOKE", "0"))
 if SMOKE:
@@ -231,6 +232,10 @@ def phase_fulcrum(cap: float, kv_cache_dtype: str = "auto") -> None:
     t_end = time.perf_counter() + cap
     t0 = time.perf_counter()
     engine = {**ENGINE, "kv_cache_dtype": kv_cache_dtype}
+    if kv_cache_dtype == "fp8" and not SMOKE:
+        # Twice the tokens fit (1.79M): 512 sequences of 2,000 tokens run without preemption,
+        # which a bf16 cache (0.89M tokens) cannot hold.
+        engine["max_num_seqs"] = FP8_MAX_NUM_SEQS
     llm = LLM(MODEL, **engine)
     runner = llm.core.runner
     emit(
