@@ -1,7 +1,8 @@
 """Compile the attention kernels for a GPU architecture on any host (no GPU needed) and report
 what each launch config costs a multiprocessor: registers, spills, shared memory, how many K/V
-tile buffers the software pipeline keeps (one is being read, the rest are loading), and how many
-programs fit per multiprocessor.
+tile buffers the software pipeline keeps (one is being read, the rest are loading), how many
+programs fit per multiprocessor, and the instructions one thread issues per K/V tile (the main
+loop's SASS, by opcode): a kernel that issues too many per byte is bound by issue, not memory.
 
     PYTHONPATH=src python benchmarks/kernel_resources.py --kernel decode --kv fp8 \
         --configs 64,2,6 128,4,5 64,4,5,96     (block_n,num_warps,num_stages[,maxnreg])
@@ -14,6 +15,7 @@ Occupancy limits use Hopper's 64K registers and 227 KB of shared memory per mult
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import subprocess
@@ -49,18 +51,38 @@ def _compile(fn, pointers: dict[str, str], const: dict, arch: int, warps: int, s
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
 
 
-def _ptxas(ptx: str, arch: int) -> tuple[int, int]:
-    """(registers per thread, spill-store bytes) from ptxas -v on the kernel's PTX."""
-    exe = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+def _ptxas(ptx: str, arch: int) -> tuple[int, int, str]:
+    """(registers per thread, spill-store bytes, SASS) from ptxas -v on the kernel's PTX."""
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
+        path, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
         with open(path, "w") as fh:
             fh.write(ptx)
-        cmd = [exe, f"-arch=sm_{arch}a", "-v", path, "-o", os.path.join(d, "k.cubin")]
+        cmd = [os.path.join(bin_dir, "ptxas"), f"-arch=sm_{arch}a", "-v", path, "-o", cubin]
         log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+        dump = [os.path.join(bin_dir, "cuobjdump"), "-sass", cubin]
+        sass = subprocess.run(dump, capture_output=True, text=True, check=True).stdout
     regs = int(re.search(r"Used (\d+) registers", log).group(1))
     spill = int(re.search(r"(\d+) bytes spill stores", log).group(1))
-    return regs, spill
+    return regs, spill, sass
+
+
+def main_loop(sass: str) -> collections.Counter:
+    """Opcode counts of the longest loop body (a backward branch's target up to the branch):
+    the per-tile instruction cost of an attention kernel's K/V loop, for one thread."""
+    ins = [
+        (int(m.group(1), 16), m.group(2))
+        for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+    ]
+    best: list[str] = []
+    for addr, text in ins:
+        m = re.search(r"\bBRA 0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
+            best = body if len(body) > len(best) else best
+    return collections.Counter(
+        re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in best
+    )
 
 
 def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
@@ -87,7 +109,8 @@ def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
     pointers["v_cache_ptr"] = f"*{kv_ty}"
     k = _compile(fn, pointers, const, arch, warps, stages, maxnreg)
     ptx, ttgir, smem = k.asm["ptx"], k.asm["ttgir"], k.metadata.shared
-    regs, spill = _ptxas(ptx, arch)
+    regs, spill, sass = _ptxas(ptx, arch)
+    loop = main_loop(sass)
     bufs = sorted({int(m) for m in re.findall(r"memdesc<(\d+)x\d+x128x", ttgir)})
     per_sm = min(REGS_PER_SM // (regs * 32 * warps), SMEM_PER_SM // max(smem, 1))
     mma = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "fma"
@@ -95,7 +118,9 @@ def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
         f"{kernel:<7s} kv={kv:<4s} bn={block_n:<3d} w={warps} st={stages} "
         f"r={maxnreg or '-':<3}  regs {regs:3d}  spill {spill:4d} B  smem {smem / 1024:5.1f} KB  "
         f"K/V buffers {max(bufs) if bufs else 0}  programs/SM {per_sm}  "
-        f"warps/SM {per_sm * warps:2d}  cp.async {'yes' if 'cp.async' in ptx else 'NO'}  {mma}"
+        f"warps/SM {per_sm * warps:2d}  cp.async {'yes' if 'cp.async' in ptx else 'NO'}  {mma}\n"
+        f"        K/V loop: {sum(loop.values())} instructions per thread per tile: "
+        + ", ".join(f"{op} {n}" for op, n in loop.most_common(8))
     )
 
 
