@@ -98,20 +98,23 @@ def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
         mode = decode_mod.FP8_MODES[decode_mod.FP8_MODE] if fp8 else 0
         const = dict(
             common, SPLIT=False, BLOCK_G=16, PRECISION="tf32", COMPUTE=tl.bfloat16,
-            FP8_MODE=mode, HAS_ORDER=True,
+            FP8_MODE=mode, HAS_ORDER=True, V_TOKEN_MAJOR=fp8,
         )  # fmt: skip
     else:
         fn = prefill_mod._prefill_kernel
         pointers = {n: "*i32" for n in ("block_tables_ptr", "seq_lens_ptr", "qsl_ptr", "work_ptr")}
         compute = tl.float16 if fp8 and prefill_mod.FP8_TO_FP16 else tl.bfloat16
         const = dict(common, BLOCK_M=128, BLOCK_Q=32, PRECISION="tf32", COMPUTE=compute)
+        const["V_TOKEN_MAJOR"] = fp8
     pointers |= dict(q_ptr="*bf16", out_ptr="*bf16", k_cache_ptr=f"*{kv_ty}")
     pointers["v_cache_ptr"] = f"*{kv_ty}"
     k = _compile(fn, pointers, const, arch, warps, stages, maxnreg)
     ptx, ttgir, smem = k.asm["ptx"], k.asm["ttgir"], k.metadata.shared
     regs, spill, sass = _ptxas(ptx, arch)
     loop = main_loop(sass)
-    bufs = sorted({int(m) for m in re.findall(r"memdesc<(\d+)x\d+x128x", ttgir)})
+    # pipeline buffers: operand-less shared-memory allocations [stages, tile...] of K/V tiles
+    allocs = re.findall(r"local_alloc : \(\) -> !ttg\.memdesc<(\d+)x(?:\d+x)*128x", ttgir)
+    bufs = sorted({int(m) for m in allocs})
     per_sm = min(REGS_PER_SM // (regs * 32 * warps), SMEM_PER_SM // max(smem, 1))
     mma = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "fma"
     return (

@@ -95,14 +95,16 @@ def test_decode_empty_context_gives_zeros() -> None:
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_fp8_cache_matches_ref(num_splits: int) -> None:
-    """An FP8 cache: the kernel widens K/V to the query's dtype; the reference reads the same
-    FP8 values in fp32."""
+@pytest.mark.parametrize(("page_size", "head_dim"), [(16, 64), (4, 64), (32, 48)])
+def test_decode_fp8_cache_matches_ref(num_splits: int, page_size: int, head_dim: int) -> None:
+    """An FP8 cache (V blocks token-major): the kernel widens K/V to the query's dtype; the
+    reference reads the same FP8 values in fp32. Pages longer than the kernel's tile and a
+    head_dim padded to a power of two (whose padding must not read the next head's V) too."""
     g = torch.Generator().manual_seed(21 + num_splits)
     seq_lens = [5, 37, 70]
-    cache, meta = make_paged_batch(seq_lens, [1] * 3, 2, 64, 16, generator=g)
+    cache, meta = make_paged_batch(seq_lens, [1] * 3, 2, head_dim, page_size, generator=g)
     cache = cache.to(torch.float8_e4m3fn)
-    q = torch.randn(3, 8, 64, generator=g)
+    q = torch.randn(3, 8, head_dim, generator=g)
     out = decode_attention(q, cache, meta.block_tables, meta.seq_lens, 0.125, num_splits=num_splits)
     ref = decode_attention_ref(q, cache, meta.block_tables, meta.seq_lens, 0.125)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)

@@ -60,12 +60,14 @@ def test_prefill_work_lists_each_query_block_once_heaviest_first() -> None:
     assert prefill_work([0, 1, 2], [5, 9], 4, skip_decode=True).shape == (0, 2)
 
 
-def test_prefill_fp8_cache_matches_ref() -> None:
+@pytest.mark.parametrize(("page_size", "head_dim"), [(16, 64), (4, 64), (32, 48)])
+def test_prefill_fp8_cache_matches_ref(page_size: int, head_dim: int) -> None:
+    """FP8 cache, V blocks token-major: pages shorter and longer than the tile, padded head_dim."""
     g = torch.Generator().manual_seed(31)
     seq_lens, query_lens = BATCH
-    cache, meta = make_paged_batch(seq_lens, query_lens, 2, 64, 16, generator=g)
+    cache, meta = make_paged_batch(seq_lens, query_lens, 2, head_dim, page_size, generator=g)
     cache = cache.to(torch.float8_e4m3fn)
-    q = torch.randn(meta.num_tokens, 6, 64, generator=g)
+    q = torch.randn(meta.num_tokens, 6, head_dim, generator=g)
     args = (q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
     out = prefill_attention(*args, meta.max_query_len, 0.125)
     ref = prefill_attention_ref(*args, 0.125)

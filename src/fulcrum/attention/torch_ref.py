@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata, register_backend
-from fulcrum.kv_cache.dtype import write_rows
+from fulcrum.kv_cache.dtype import v_token_major, write_rows, write_v_rows
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor):
@@ -23,7 +23,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         keep = slot_mapping >= 0
         k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
     write_rows(flat[0], slot_mapping, k)
-    write_rows(flat[1], slot_mapping, v)
+    write_v_rows(kv_cache, slot_mapping, v)
 
 
 class GatherScratch:
@@ -70,6 +70,8 @@ def gather_kv(
         k, v = scratch.get(blocks.numel(), bs * h * d, kv_cache)
         torch.index_select(flat[0], 0, blocks, out=k)
         torch.index_select(flat[1], 0, blocks, out=v)
+    if v_token_major(kv_cache.dtype):  # blocks of V are [h, d, page]: to [page, h, d] rows
+        v = v.view(-1, h, d, bs).permute(0, 3, 1, 2).contiguous()
     k, v = k.view(shape), v.view(shape)
     return k[..., :length, :, :], v[..., :length, :, :]
 

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from fulcrum.kernels.kv_dtype import compute_dtype, dot_precision
-from fulcrum.kv_cache.dtype import is_fp8
+from fulcrum.kv_cache.dtype import is_fp8, v_rows, v_token_major
 
 MAX_SPLITS = 32
 # How an FP8 cache's tiles meet the tensor cores on CUDA:
@@ -97,6 +97,7 @@ def _decode_split_kernel(
     COMPUTE: tl.constexpr,
     FP8_MODE: tl.constexpr,  # FP8_MODES; 0 for any other cache dtype
     HAS_ORDER: tl.constexpr,
+    V_TOKEN_MAJOR: tl.constexpr,  # V blocks [kv_head, d, page] (FP8); BLOCK_N % PAGE_SIZE == 0
 ):
     b = tl.program_id(0)
     if HAS_ORDER:
@@ -129,6 +130,8 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    offs_pg = tl.arange(0, BLOCK_N // PAGE_SIZE)
+    offs_o = tl.arange(0, PAGE_SIZE)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
@@ -145,7 +148,19 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        if V_TOKEN_MAJOR:  # V blocks [kv_head, d, page]: the tile as pages x tokens x d
+            pg = n0 // PAGE_SIZE + offs_pg
+            # whole pages: tokens past `end` get p = 0 (their V is finite: the pool starts
+            # zeroed and every write saturates)
+            pg_ok = pg * PAGE_SIZE < end
+            blk_pg = tl.load(bt_row + pg, mask=pg_ok, other=0).to(tl.int64)
+            base = blk_pg * stride_cb + kvh * (HEAD_DIM * PAGE_SIZE)
+            v_off = base[:, None, None] + offs_o[None, :, None] + offs_d[None, None, :] * PAGE_SIZE
+            v_mask = pg_ok[:, None, None] & mask_d[None, None, :]
+            v = tl.load(v_cache_ptr + v_off, mask=v_mask, other=0.0)
+            v = tl.reshape(v, (BLOCK_N, BLOCK_D))
+        else:
+            v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         if FP8_MODE == 2:  # p in [0, 1] scaled by 256 so small weights keep FP8 precision
             pv = tl.dot((p * 256.0).to(v.dtype), v) * (1.0 / 256.0)
         else:
@@ -295,6 +310,8 @@ def decode_attention(
     cfg = INTERPRET_CONFIG
     if q.is_cuda:
         cfg = FP8_GPU_CONFIG if is_fp8(kv_cache.dtype) else GPU_CONFIG
+    token_major = v_token_major(kv_cache.dtype)
+    block_n = max(cfg["block_n"], page_size) if token_major else cfg["block_n"]
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -327,11 +344,12 @@ def decode_attention(
         SPLIT=num_splits > 1,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_N=cfg["block_n"],
+        BLOCK_N=block_n,
         PRECISION=dot_precision(q, kv_cache),
         COMPUTE=compute_dtype(q, kv_cache),
         FP8_MODE=FP8_MODES[FP8_MODE] if is_fp8(kv_cache.dtype) and q.is_cuda else 0,
         HAS_ORDER=order is not None,
+        V_TOKEN_MAJOR=token_major,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         maxnreg=cfg.get("maxnreg"),
@@ -373,7 +391,7 @@ def decode_attention_ref(
     for b, n in enumerate(seq_lens.tolist()):
         blocks = block_tables[b, : (n + page - 1) // page].long()
         k = kv_cache[0][blocks].flatten(0, 1)[:n].float()  # [n, Hkv, D]
-        v = kv_cache[1][blocks].flatten(0, 1)[:n].float()
+        v = v_rows(kv_cache)[blocks].flatten(0, 1)[:n].float()
         k = k.repeat_interleave(num_heads // num_kv_heads, dim=1)
         v = v.repeat_interleave(num_heads // num_kv_heads, dim=1)
         s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from fulcrum.kernels.kv_dtype import compute_dtype, dot_precision
-from fulcrum.kv_cache.dtype import is_fp8
+from fulcrum.kv_cache.dtype import is_fp8, v_rows, v_token_major
 
 # Launch parameters (BLOCK_M rows hold BLOCK_M // GROUP query tokens times GROUP heads). The
 # large config was tuned on an H200 with benchmarks/kernels_bench.py and needs ~200 KB of shared
@@ -89,6 +89,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     COMPUTE: tl.constexpr,  # tl.float16 for an FP8 cache widened to fp16
+    V_TOKEN_MAJOR: tl.constexpr,  # V blocks [kv_head, d, page] (FP8); BLOCK_N % PAGE_SIZE == 0
 ):
     item = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -118,6 +119,8 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     hi = tl.minimum(seq_len, prefix + q0 + BLOCK_Q)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    offs_pg = tl.arange(0, BLOCK_N // PAGE_SIZE)
+    offs_o = tl.arange(0, PAGE_SIZE)
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi
@@ -134,7 +137,18 @@ def _prefill_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(COMPUTE)
+        if V_TOKEN_MAJOR:  # V blocks [kv_head, d, page]: the tile as pages x tokens x d
+            pg = n0 // PAGE_SIZE + offs_pg
+            # whole pages: keys past `hi` get p = 0 (finite V: the pool starts zeroed)
+            pg_ok = pg * PAGE_SIZE < hi
+            blk_pg = tl.load(bt_row + pg, mask=pg_ok, other=0).to(tl.int64)
+            base = blk_pg * stride_cb + kvh * (HEAD_DIM * PAGE_SIZE)
+            v_off = base[:, None, None] + offs_o[None, :, None] + offs_d[None, None, :] * PAGE_SIZE
+            v_mask = pg_ok[:, None, None] & mask_d[None, None, :]
+            v = tl.load(v_cache_ptr + v_off, mask=v_mask, other=0.0)
+            v = tl.reshape(v, (BLOCK_N, BLOCK_D)).to(COMPUTE)
+        else:
+            v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(COMPUTE)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
@@ -216,6 +230,7 @@ def prefill_attention(
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     grid = (work.shape[0], num_kv_heads)
     fp16 = FP8_TO_FP16 and q.is_cuda and is_fp8(kv_cache.dtype)
+    token_major = v_token_major(kv_cache.dtype)
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -240,9 +255,10 @@ def prefill_attention(
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_N=cfg["block_n"],
+        BLOCK_N=max(cfg["block_n"], page_size) if token_major else cfg["block_n"],
         PRECISION=dot_precision(q, kv_cache),
         COMPUTE=tl.float16 if fp16 else compute_dtype(q, kv_cache),
+        V_TOKEN_MAJOR=token_major,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
@@ -268,7 +284,7 @@ def prefill_attention_ref(
             continue
         blocks = block_tables[b, : (n + page - 1) // page].long()
         k = kv_cache[0][blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)
-        v = kv_cache[1][blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)
+        v = v_rows(kv_cache)[blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)
         s = torch.einsum("thd,nhd->htn", q[start:end].float(), k) * scale
         pos = torch.arange(n - (end - start), n, device=q.device)
         s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > pos[:, None], float("-inf"))

@@ -6,7 +6,9 @@ row goes (``-1``: a padding token, skipped)::
     k[t] : [num_kv_heads, head_dim]  ──►  kv_cache[0, block, offset] : [num_kv_heads, head_dim]
     v[t] : [num_kv_heads, head_dim]  ──►  kv_cache[1, block, offset] : [num_kv_heads, head_dim]
 
-An FP8 cache gets saturated values (see ``kv_dtype``). ``k`` and ``v`` may be strided views (slices of a fused qkv projection) as long as ``head_dim`` is
+An FP8 cache gets saturated values, and its V blocks are token-major (``[num_kv_heads, head_dim,
+block_size]``: see ``fulcrum.kv_cache.dtype``), so token ``t``'s V values land ``block_size``
+apart. ``k`` and ``v`` may be strided views (slices of a fused qkv projection) as long as ``head_dim`` is
 contiguous; the cache must be contiguous in its last two dims.
 """
 
@@ -16,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fulcrum.kv_cache.dtype import is_fp8, write_rows
+from fulcrum.kv_cache.dtype import is_fp8, v_token_major, write_rows, write_v_rows
 
 
 @triton.jit
@@ -39,6 +41,7 @@ def _reshape_and_cache_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     FP8: tl.constexpr,
+    V_TOKEN_MAJOR: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -58,6 +61,9 @@ def _reshape_and_cache_kernel(
         k = tl.clamp(k.to(tl.float32), -448.0, 448.0)
         v = tl.clamp(v.to(tl.float32), -448.0, 448.0)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    if V_TOKEN_MAJOR:
+        head = offs_h[:, None] * HEAD_DIM + offs_d[None, :]
+        dst = block * stride_cb + head * BLOCK_SIZE + off
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
@@ -94,6 +100,7 @@ def reshape_and_cache(
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
         FP8=is_fp8(kv_cache.dtype),
+        V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
     )
 
 
@@ -106,4 +113,4 @@ def reshape_and_cache_ref(
     keep = slot_mapping[: k.shape[0]] >= 0
     slots = slot_mapping[: k.shape[0]][keep].long()
     write_rows(flat[0], slots, k[keep])
-    write_rows(flat[1], slots, v[keep])
+    write_v_rows(kv_cache, slots, v[keep])

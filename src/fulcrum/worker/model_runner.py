@@ -190,6 +190,8 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         mc = self.config.model_config
         shape = (2, num_blocks, self.block_size, mc.num_kv_heads, mc.head_dim)
+        # Zeroed, not empty: the FP8 kernels read V a whole page at a time and weight the tokens
+        # past a sequence's end by 0, which needs them finite.
         self.kv_caches = [
             torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(mc.num_layers)
         ]
