@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fulcrum.kernels.kv_dtype import compute_dtype, dot_precision
+from fulcrum.kernels.kv_dtype import compute_dtype, dot_precision, load_v_token_major
 from fulcrum.kv_cache.dtype import is_fp8, v_rows, v_token_major
 
 MAX_SPLITS = 32
@@ -130,8 +130,6 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    offs_pg = tl.arange(0, BLOCK_N // PAGE_SIZE)
-    offs_o = tl.arange(0, PAGE_SIZE)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
@@ -148,17 +146,11 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if V_TOKEN_MAJOR:  # V blocks [kv_head, d, page]: the tile as pages x tokens x d
-            pg = n0 // PAGE_SIZE + offs_pg
-            # whole pages: tokens past `end` get p = 0 (their V is finite: the pool starts
-            # zeroed and every write saturates)
-            pg_ok = pg * PAGE_SIZE < end
-            blk_pg = tl.load(bt_row + pg, mask=pg_ok, other=0).to(tl.int64)
-            base = blk_pg * stride_cb + kvh * (HEAD_DIM * PAGE_SIZE)
-            v_off = base[:, None, None] + offs_o[None, :, None] + offs_d[None, None, :] * PAGE_SIZE
-            v_mask = pg_ok[:, None, None] & mask_d[None, None, :]
-            v = tl.load(v_cache_ptr + v_off, mask=v_mask, other=0.0)
-            v = tl.reshape(v, (BLOCK_N, BLOCK_D))
+        if V_TOKEN_MAJOR:
+            v = load_v_token_major(
+                v_cache_ptr, bt_row, n0, end, kvh, stride_cb, offs_d, mask_d,
+                HEAD_DIM, PAGE_SIZE, BLOCK_N, BLOCK_D,
+            )  # fmt: skip
         else:
             v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         if FP8_MODE == 2:  # p in [0, 1] scaled by 256 so small weights keep FP8 precision

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fulcrum.kernels.kv_dtype import compute_dtype, dot_precision
+from fulcrum.kernels.kv_dtype import compute_dtype, dot_precision, load_v_token_major
 from fulcrum.kv_cache.dtype import is_fp8, v_rows, v_token_major
 
 # Launch parameters (BLOCK_M rows hold BLOCK_M // GROUP query tokens times GROUP heads). The
@@ -119,8 +119,6 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     hi = tl.minimum(seq_len, prefix + q0 + BLOCK_Q)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    offs_pg = tl.arange(0, BLOCK_N // PAGE_SIZE)
-    offs_o = tl.arange(0, PAGE_SIZE)
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi
@@ -137,16 +135,11 @@ def _prefill_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if V_TOKEN_MAJOR:  # V blocks [kv_head, d, page]: the tile as pages x tokens x d
-            pg = n0 // PAGE_SIZE + offs_pg
-            # whole pages: keys past `hi` get p = 0 (finite V: the pool starts zeroed)
-            pg_ok = pg * PAGE_SIZE < hi
-            blk_pg = tl.load(bt_row + pg, mask=pg_ok, other=0).to(tl.int64)
-            base = blk_pg * stride_cb + kvh * (HEAD_DIM * PAGE_SIZE)
-            v_off = base[:, None, None] + offs_o[None, :, None] + offs_d[None, None, :] * PAGE_SIZE
-            v_mask = pg_ok[:, None, None] & mask_d[None, None, :]
-            v = tl.load(v_cache_ptr + v_off, mask=v_mask, other=0.0)
-            v = tl.reshape(v, (BLOCK_N, BLOCK_D)).to(COMPUTE)
+        if V_TOKEN_MAJOR:
+            v = load_v_token_major(
+                v_cache_ptr, bt_row, n0, hi, kvh, stride_cb, offs_d, mask_d,
+                HEAD_DIM, PAGE_SIZE, BLOCK_N, BLOCK_D,
+            ).to(COMPUTE)  # fmt: skip
         else:
             v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(COMPUTE)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
