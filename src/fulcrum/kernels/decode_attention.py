@@ -52,7 +52,8 @@ FP8_MODE = "fp16"
 GPU_CONFIG: dict[str, int] = {"block_n": 64, "num_warps": 2, "num_stages": 3}
 # An FP8 cache: tiles of half the bytes want a deeper pipeline (the block-table loads take a stage
 # of their own, so 6 stages keep two K/V tiles in flight). H200, contexts 1,000-2,000, longest
-# first: batch 384 414 us against 452 at (128, 4, 5); batch 64 69 against 88 us.
+# first: batch 384 414 us against 452 at (128, 4, 5); batch 64 69 against 88 us; 313 us at batch
+# 384 once V blocks became token-major (kv_cache.dtype).
 FP8_GPU_CONFIG: dict[str, int] = {"block_n": 64, "num_warps": 2, "num_stages": 6}
 INTERPRET_CONFIG: dict[str, int] = {"block_n": 16, "num_warps": 4, "num_stages": 1}
 
