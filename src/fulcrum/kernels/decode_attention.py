@@ -34,7 +34,12 @@ import torch
 import triton
 import triton.language as tl
 
-from fulcrum.kernels.kv_dtype import compute_dtype, dot_precision, load_v_token_major
+from fulcrum.kernels.kv_dtype import (
+    compute_dtype,
+    dot_precision,
+    load_v_token_major,
+    tile_tokens,
+)
 from fulcrum.kv_cache.dtype import is_fp8, v_rows, v_token_major
 
 MAX_SPLITS = 32
@@ -303,8 +308,6 @@ def decode_attention(
     cfg = INTERPRET_CONFIG
     if q.is_cuda:
         cfg = FP8_GPU_CONFIG if is_fp8(kv_cache.dtype) else GPU_CONFIG
-    token_major = v_token_major(kv_cache.dtype)
-    block_n = max(cfg["block_n"], page_size) if token_major else cfg["block_n"]
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -337,12 +340,12 @@ def decode_attention(
         SPLIT=num_splits > 1,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_N=block_n,
+        BLOCK_N=tile_tokens(cfg["block_n"], kv_cache),
         PRECISION=dot_precision(q, kv_cache),
         COMPUTE=compute_dtype(q, kv_cache),
         FP8_MODE=FP8_MODES[FP8_MODE] if is_fp8(kv_cache.dtype) and q.is_cuda else 0,
         HAS_ORDER=order is not None,
-        V_TOKEN_MAJOR=token_major,
+        V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         maxnreg=cfg.get("maxnreg"),

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fulcrum.kv_cache.dtype import is_fp8
+from fulcrum.kv_cache.dtype import is_fp8, v_token_major
 
 _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -19,6 +19,12 @@ def compute_dtype(q: torch.Tensor, kv_cache: torch.Tensor):
 def dot_precision(q: torch.Tensor, kv_cache: torch.Tensor) -> str:
     """``tl.dot`` precision: exact for fp32 math (tests on the CPU), tensor cores otherwise."""
     return "ieee" if compute_dtype(q, kv_cache) == tl.float32 else "tf32"
+
+
+def tile_tokens(block_n: int, kv_cache: torch.Tensor) -> int:
+    """Tokens per K/V tile of the attention kernels: a token-major V tile covers whole pages."""
+    page = kv_cache.shape[2]
+    return max(block_n, page) if v_token_major(kv_cache.dtype) else block_n
 
 
 @triton.jit

@@ -31,7 +31,12 @@ import torch
 import triton
 import triton.language as tl
 
-from fulcrum.kernels.kv_dtype import compute_dtype, dot_precision, load_v_token_major
+from fulcrum.kernels.kv_dtype import (
+    compute_dtype,
+    dot_precision,
+    load_v_token_major,
+    tile_tokens,
+)
 from fulcrum.kv_cache.dtype import is_fp8, v_rows, v_token_major
 
 # Launch parameters (BLOCK_M rows hold BLOCK_M // GROUP query tokens times GROUP heads). The
@@ -223,7 +228,6 @@ def prefill_attention(
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     grid = (work.shape[0], num_kv_heads)
     fp16 = FP8_TO_FP16 and q.is_cuda and is_fp8(kv_cache.dtype)
-    token_major = v_token_major(kv_cache.dtype)
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -248,10 +252,10 @@ def prefill_attention(
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_N=max(cfg["block_n"], page_size) if token_major else cfg["block_n"],
+        BLOCK_N=tile_tokens(cfg["block_n"], kv_cache),
         PRECISION=dot_precision(q, kv_cache),
         COMPUTE=tl.float16 if fp16 else compute_dtype(q, kv_cache),
-        V_TOKEN_MAJOR=token_major,
+        V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
