@@ -1,6 +1,6 @@
 """A/B of decode-step settings in one process: device time of a captured decode step under each
-combination of BLAS library (cuBLAS, cuBLASLt) and decode program order (request order, longest
-context first), for
+setting -- BLAS library (cuBLAS, cuBLASLt), decode program order (request order, longest context
+first) and programmatic dependent launch of the Triton kernels (``kernels/pdl.py``) -- for
 
     batch 1 at a 1,000-token context            (single-stream latency)
     batch 384 at contexts spread over 1,000-2,000  (the 1,000/1,000 steady state)
@@ -9,7 +9,8 @@ context first), for
 Each setting gets its own CUDA graph of the same step (static inputs as the last real step left
 them); figures are the median of several timed replays, settings interleaved to share drift.
 
-    python benchmarks/decode_ab.py [--batch 384] [--rounds 3]   (Llama-3.1-8B shape, dummy, bf16)
+    python benchmarks/decode_ab.py [--batch 384] [--rounds 3] [--settings cublas cublas+pdl ...]
+    (Llama-3.1-8B shape, dummy weights, bf16)
 """
 
 from __future__ import annotations
@@ -25,32 +26,33 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h200 as g  # noqa: E402
 from gpu_profile import _step_until  # noqa: E402
 
-SETTINGS = [  # (BLAS library, ORDER_MIN_REQS)
-    ("cublas", 10**9),
-    ("cublas", 64),
-    ("cublaslt", 10**9),
-    ("cublaslt", 64),
-]
+SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL); the engine's default is "cublas+pdl"
+    "cublas": ("cublas", 64, False),
+    "cublas+pdl": ("cublas", 64, True),
+    "cublaslt+pdl": ("cublaslt", 64, True),
+    "cublas+pdl request-order": ("cublas", 10**9, True),
+}
 
 
 def _graph_ms(runner, b: int, iters: int = 10) -> float:
     return g.replay_ms(g.capture_graph(lambda: runner.graphs._run_static(b)), iters)
 
 
-def _ab(runner, b: int, rounds: int) -> dict:
+def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     import torch
 
     import fulcrum.attention.triton_backend as tb
+    from fulcrum.kernels import pdl
 
+    default = (torch.backends.cuda.preferred_blas_library(), tb.ORDER_MIN_REQS, pdl.ENABLED)
     times: dict[str, list[float]] = {}
     for _ in range(rounds):
-        for lib, order_min in SETTINGS:
+        for name in names:
+            lib, tb.ORDER_MIN_REQS, pdl.ENABLED = SETTINGS[name]
             torch.backends.cuda.preferred_blas_library(lib)
-            tb.ORDER_MIN_REQS = order_min
-            key = f"{lib} order>={order_min if order_min < 10**9 else 'off'}"
-            times.setdefault(key, []).append(_graph_ms(runner, b))
-    torch.backends.cuda.preferred_blas_library("cublaslt")
-    tb.ORDER_MIN_REQS = 64
+            times.setdefault(name, []).append(_graph_ms(runner, b))
+    torch.backends.cuda.preferred_blas_library(default[0])
+    _, tb.ORDER_MIN_REQS, pdl.ENABLED = default
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 
@@ -58,6 +60,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=384)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--settings",
+        nargs="+",
+        default=list(SETTINGS),
+        choices=list(SETTINGS),
+        help="settings to compare, each with its own captured graph",
+    )
     args = ap.parse_args()
     from fulcrum import LLM, SamplingParams
 
@@ -72,7 +81,7 @@ def main() -> None:
     res = {}
     add(1000)
     _step_until(core, lambda: all(r.num_output_tokens > 2 for r in core.scheduler.running))
-    res["batch_1_ctx_1000_ms"] = _ab(core.runner, 1, args.rounds)
+    res["batch_1_ctx_1000_ms"] = _ab(core.runner, 1, args.rounds, args.settings)
     print(json.dumps(res), flush=True)
     core.abort_requests(list(core.scheduler.requests))
     _step_until(core, lambda: not core.has_unfinished_requests())
@@ -86,7 +95,9 @@ def main() -> None:
             and all(r.num_output_tokens > 2 for r in core.scheduler.running)
         ),
     )
-    res[f"batch_{args.batch}_ctx_1000_2000_ms"] = _ab(core.runner, args.batch, args.rounds)
+    res[f"batch_{args.batch}_ctx_1000_2000_ms"] = _ab(
+        core.runner, args.batch, args.rounds, args.settings
+    )
     print("RESULT " + json.dumps(res), flush=True)
 
 

@@ -90,7 +90,7 @@ def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
     maxnreg = cfg[3] if len(cfg) > 3 else None
     kv_ty = "fp8e4nv" if kv == "fp8" else "bf16"
     fp8 = kv == "fp8"
-    common = dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_D=128, BLOCK_N=block_n)
+    common = dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_D=128, BLOCK_N=block_n, PDL=0)
     if kernel == "decode":
         fn = decode_mod._decode_split_kernel
         pointers = {n: "*i32" for n in ("block_tables_ptr", "seq_lens_ptr", "qsl_ptr")}

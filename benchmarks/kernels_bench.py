@@ -7,6 +7,8 @@ Prefill is compute bound: reported as causal attention TFLOP/s.
     PYTHONPATH=src python benchmarks/kernels_bench.py [--ctx 1000 2000] [--splits 1 2 4 8]
     PYTHONPATH=src python benchmarks/kernels_bench.py --batch 384 --ctx 1500 --kv-cache fp8 \
         --decode-configs 64,2,3 128,4,3,128 (block_n,num_warps,num_stages[,maxnreg])
+    PYTHONPATH=src python benchmarks/kernels_bench.py --batch 1 --ctx 1000 --kv-cache fp8 \
+        --prefill 1024 8192 --prefill-configs 128,128,8,5 64,64,4,3 (block_m,block_n,warps,stages)
 """
 
 from __future__ import annotations
@@ -167,6 +169,12 @@ def main() -> None:
         default=[],
         help="decode launch configs to sweep, each block_n,num_warps,num_stages[,maxnreg]",
     )
+    p.add_argument(
+        "--prefill-configs",
+        nargs="*",
+        default=[],
+        help="prefill launch configs to sweep, each block_m,block_n,num_warps,num_stages",
+    )
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
     kv_dtype = torch.float8_e4m3fn if args.kv_cache == "fp8" else dtype
@@ -199,11 +207,19 @@ def main() -> None:
     launch.update(default)
     decode_mod.FP8_MODE = mode0
     fp8 = kv_dtype == torch.float8_e4m3fn
-    for t, widen16 in ((t, w) for t in args.prefill for w in ((True, False) if fp8 else (True,))):
-        prefill_mod.FP8_TO_FP16 = widen16
-        if fp8:
-            print(f"FP8 tiles widened to {'fp16' if widen16 else args.dtype}")
-        bench_prefill(t, dtype, kv_dtype)
+    launch = prefill_mod.FP8_GPU_CONFIG if fp8 else prefill_mod.GPU_CONFIG
+    default = dict(launch)
+    for cfg in [tuple(int(x) for x in c.split(",")) for c in args.prefill_configs] or [None]:
+        if cfg is not None:
+            launch.update(block_m=cfg[0], block_n=cfg[1], num_warps=cfg[2], num_stages=cfg[3])
+        print(f"prefill config {launch}")
+        widths = (True, False) if fp8 and cfg is None else (True,)
+        for t, widen16 in ((t, w) for t in args.prefill for w in widths):
+            prefill_mod.FP8_TO_FP16 = widen16
+            if fp8:
+                print(f"FP8 tiles widened to {'fp16' if widen16 else args.dtype}")
+            bench_prefill(t, dtype, kv_dtype)
+        launch.update(default)
     prefill_mod.FP8_TO_FP16 = True
 
 

@@ -4,12 +4,13 @@
     new       the engine as it is
     base      decode programs in request order (not longest context first)
     cublaslt  the engine with torch's cuBLASLt preferred for the GEMMs
+    nopdl     the engine without programmatic dependent launch of its Triton kernels
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
               (block_n,num_warps,num_stages[,maxnreg])
 
     python benchmarks/throughput_ab.py [--order new base cublaslt fp8@64,4,7,128] [--skip-long]
-        [--sections ttft,itl,128/128,1000/1000]
+        [--sections ttft,itl,128/128,1000/1000] [--max-num-batched-tokens 4096 8192]
 
 Prints one RESULT line per measurement with its ``variant``.
 """
@@ -26,10 +27,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h200 as g  # noqa: E402
 
 
-def variant(name: str, sections: list[str], max_num_seqs: int | None) -> None:
+def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: int | None) -> None:
     engine = dict(g.ENGINE)
     if max_num_seqs:
         engine["max_num_seqs"] = max_num_seqs
+    if budget:
+        engine["max_num_batched_tokens"] = budget
     kind, _, cfg = name.partition("@")
     if kind == "fp8":
         engine["kv_cache_dtype"] = "fp8"
@@ -44,6 +47,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None) -> None:
         import fulcrum.attention.triton_backend as tb
 
         tb.ORDER_MIN_REQS = 10**9
+    if name == "nopdl":
+        from fulcrum.kernels import pdl
+
+        pdl.ENABLED = False
     if name == "cublaslt":
         import torch
 
@@ -61,7 +68,14 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None) -> None:
     plan = [("128/128", 1000, 128, 128), ("1000/1000", 1000, 1000, 1000)]
     for wl, n, n_in, n_out in (p for p in plan if p[0] in sections):
         r = drv.run(g.workload(n, n_in, n_out, 7), t_end)
-        g.emit("throughput", variant=name, max_num_seqs=engine["max_num_seqs"], workload=wl, **r)
+        g.emit(
+            "throughput",
+            variant=name,
+            max_num_seqs=engine["max_num_seqs"],
+            max_num_batched_tokens=engine["max_num_batched_tokens"],
+            workload=wl,
+            **r,
+        )
 
 
 def main() -> None:
@@ -78,16 +92,25 @@ def main() -> None:
     ap.add_argument(
         "--max-num-seqs", type=int, help="engine's max_num_seqs for every variant (default 384)"
     )
+    ap.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="step token budgets to run each variant at (default: the engine's 8,192)",
+    )
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     args = ap.parse_args()
     sections = [s for s in args.sections.split(",") if not (args.skip_long and s == "1000/1000")]
     if args.variant:
-        return variant(args.variant, sections, args.max_num_seqs)
-    for name in args.order:
-        cmd = [sys.executable, __file__, "--variant", name, "--sections", ",".join(sections)]
-        cmd += ["--max-num-seqs", str(args.max_num_seqs)] if args.max_num_seqs else []
-        print(f"== {name}", flush=True)
-        subprocess.run(cmd, check=True)
+        return variant(args.variant, sections, args.max_num_seqs, args.max_num_batched_tokens[0])
+    for budget in args.max_num_batched_tokens:
+        for name in args.order:
+            cmd = [sys.executable, __file__, "--variant", name, "--sections", ",".join(sections)]
+            cmd += ["--max-num-seqs", str(args.max_num_seqs)] if args.max_num_seqs else []
+            cmd += ["--max-num-batched-tokens", str(budget)] if budget else []
+            print(f"== {name}" + (f", budget {budget}" if budget else ""), flush=True)
+            subprocess.run(cmd, check=True)
 
 
 if __name__ == "__main__":

@@ -75,19 +75,26 @@ def test_graph_replay_matches_eager(
     tiny_llama: str, dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """19 requests with different output lengths: the batch shrinks through several buckets.
-    Reference: eager, one step at a time, decode programs in request order; checked: graphs with
-    asynchronous scheduling and, from batch 8, decode programs longest context first (the device
-    sort captured in the graphs)."""
+    Reference: eager, one step at a time, decode programs in request order, plain kernel launches;
+    checked: graphs with asynchronous scheduling, programmatic dependent launch (on Hopper) and,
+    from batch 8, decode programs longest context first (the device sort captured in the
+    graphs)."""
+    from fulcrum.kernels import pdl
+
     prompts = _prompts(19, 320, seed=1)
     max_tokens = [8 + 3 * i for i in range(19)]
     logprobs = None if dtype == "float32" else TOP
 
+    monkeypatch.setattr(pdl, "ENABLED", False)
     eager = _engine(tiny_llama, dtype, eager=True, async_scheduling="off")
     assert eager.core.runner.graphs is None
     ref, ref_top = _generate(eager, prompts, max_tokens, logprobs)
     del eager
     gc.collect()
 
+    monkeypatch.setattr(pdl, "ENABLED", True)
+    if torch.cuda.get_device_capability()[0] >= 9:
+        assert pdl.mode(torch.empty(1, device="cuda"), 1) == pdl.EARLY
     monkeypatch.setattr("fulcrum.attention.triton_backend.ORDER_MIN_REQS", 8)
     llm = _engine(tiny_llama, dtype, eager=False)
     assert llm.core.async_scheduling
@@ -169,8 +176,15 @@ def test_fp8_kv_cache_close_to_transformers_tiny(tiny_llama: str) -> None:
     """bf16 weights with an FP8 KV cache (Triton kernels, CUDA graphs) against transformers."""
     prompts = _prompts(6, 320, seed=9)
     ref, ref_top = _hf_greedy_top(tiny_llama, prompts, 24)
-    llm = LLM(tiny_llama, device="cuda", dtype="bfloat16", num_kv_blocks=2048, max_num_seqs=16,
-              kv_cache_dtype="fp8", max_num_batched_tokens=64)
+    llm = LLM(
+        tiny_llama,
+        device="cuda",
+        dtype="bfloat16",
+        num_kv_blocks=2048,
+        max_num_seqs=16,
+        kv_cache_dtype="fp8",
+        max_num_batched_tokens=64,
+    )
     assert llm.core.runner.kv_caches[0].dtype == torch.float8_e4m3fn
     got, got_top = _generate(llm, prompts, [24] * len(prompts), TOP)
     for i in range(len(prompts)):

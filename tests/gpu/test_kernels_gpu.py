@@ -230,3 +230,17 @@ def test_fp8_cache_kernels_llama8b() -> None:
         decode_mod.FP8_MODE = mode0
     err = (dec.float() - want.float()).norm() / want.float().norm()
     assert err < 0.05, f"relative error {err:.4f}"
+
+
+def test_pdl_modes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fulcrum.kernels import pdl
+
+    x = torch.empty(1, device="cuda")
+    if torch.cuda.get_device_capability()[0] < 9:
+        assert pdl.mode(x, 1) == pdl.OFF
+        return
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert pdl.mode(x, sms) == pdl.EARLY  # the whole grid is resident: release the next early
+    assert pdl.mode(x, sms + 1) == pdl.WAIT
+    monkeypatch.setattr(pdl, "ENABLED", False)
+    assert pdl.mode(x, 1) == pdl.OFF

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from fulcrum.kernels import pdl
+
 
 @triton.jit
 def _silu_and_mul_kernel(
@@ -16,7 +18,9 @@ def _silu_and_mul_kernel(
     stride_o,
     I: tl.constexpr,  # noqa: E741
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < I
@@ -38,8 +42,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x2.shape[0] > 0:
         block = min(1024 if x.is_cuda else 256, triton.next_power_of_2(inter))
         grid = (x2.shape[0], triton.cdiv(inter, block))
+        m = pdl.mode(x, grid[0] * grid[1])
+        opts = pdl.launch_options(m)
         _silu_and_mul_kernel[grid](
-            x2, out, x2.stride(0), out.stride(0), I=inter, BLOCK=block, num_warps=4
+            x2, out, x2.stride(0), out.stride(0), I=inter, BLOCK=block, PDL=m, num_warps=4, **opts
         )
     return out.view(*x.shape[:-1], inter)
 

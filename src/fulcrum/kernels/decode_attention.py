@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fulcrum.kernels import pdl
 from fulcrum.kernels.kv_dtype import (
     compute_dtype,
     dot_precision,
@@ -104,7 +105,9 @@ def _decode_split_kernel(
     FP8_MODE: tl.constexpr,  # FP8_MODES; 0 for any other cache dtype
     HAS_ORDER: tl.constexpr,
     V_TOKEN_MAJOR: tl.constexpr,  # V blocks [kv_head, d, page] (FP8); BLOCK_N % PAGE_SIZE == 0
+    PDL: tl.constexpr,
 ):
+    pdl.wait(PDL)
     b = tl.program_id(0)
     if HAS_ORDER:
         b = tl.load(order_ptr + b).to(tl.int32)
@@ -197,7 +200,9 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     q_row = tl.load(qsl_ptr + b)
@@ -308,6 +313,7 @@ def decode_attention(
     cfg = INTERPRET_CONFIG
     if q.is_cuda:
         cfg = FP8_GPU_CONFIG if is_fp8(kv_cache.dtype) else GPU_CONFIG
+    m = pdl.mode(q, num_reqs * num_kv_heads * num_splits)
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -346,12 +352,15 @@ def decode_attention(
         FP8_MODE=FP8_MODES[FP8_MODE] if is_fp8(kv_cache.dtype) and q.is_cuda else 0,
         HAS_ORDER=order is not None,
         V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
+        PDL=m,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         maxnreg=cfg.get("maxnreg"),
+        **pdl.launch_options(m),
     )
     if num_splits == 1:
         return out
+    m = pdl.mode(q, num_reqs * num_heads)
     _decode_reduce_kernel[(num_reqs, num_heads)](
         out,
         part_out,
@@ -368,7 +377,9 @@ def decode_attention(
         HEAD_DIM=head_dim,
         BLOCK_S=triton.next_power_of_2(MAX_SPLITS),
         BLOCK_D=triton.next_power_of_2(head_dim),
+        PDL=m,
         num_warps=4 if head_dim >= 128 else 2,
+        **pdl.launch_options(m),
     )
     return out
 

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fulcrum.kernels import pdl
 from fulcrum.kv_cache.dtype import is_fp8, v_token_major, write_rows, write_v_rows
 
 
@@ -42,7 +43,9 @@ def _reshape_and_cache_kernel(
     BLOCK_D: tl.constexpr,
     FP8: tl.constexpr,
     V_TOKEN_MAJOR: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.wait(PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:
@@ -81,6 +84,7 @@ def reshape_and_cache(
     assert k.stride(-1) == 1 and v.stride(-1) == 1, "head_dim must be contiguous"
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     assert k_cache.stride(-1) == 1, "cache head_dim must be contiguous"
+    m = pdl.mode(k, num_tokens)
     _reshape_and_cache_kernel[(num_tokens,)](
         k,
         v,
@@ -101,6 +105,8 @@ def reshape_and_cache(
         BLOCK_D=triton.next_power_of_2(head_dim),
         FP8=is_fp8(kv_cache.dtype),
         V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
+        PDL=m,
+        **pdl.launch_options(m),
     )
 
 

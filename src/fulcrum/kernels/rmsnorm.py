@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fulcrum.kernels import pdl
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -31,7 +33,9 @@ def _rms_norm_kernel(
     N: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -64,6 +68,7 @@ def _launch(
     rows = x2.shape[0]
     if rows > 0:
         block = triton.next_power_of_2(n)
+        m = pdl.mode(x, rows)
         _rms_norm_kernel[(rows,)](
             x2,
             res2 if res2 is not None else x2,
@@ -78,7 +83,9 @@ def _launch(
             N=n,
             BLOCK=block,
             HAS_RESIDUAL=residual is not None,
+            PDL=m,
             num_warps=min(16, max(1, block // 512)),
+            **pdl.launch_options(m),
         )
     out = out.view(x.shape)
     return out, (new_res.view(x.shape) if new_res is not None else None)

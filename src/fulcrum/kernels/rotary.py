@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fulcrum.kernels import pdl
+
 
 @triton.jit
 def _rotate_rows(
@@ -58,7 +60,9 @@ def _rotary_kernel(
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_HALF)
@@ -86,6 +90,7 @@ def apply_rotary(
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     if num_tokens == 0:
         return q, k
+    m = pdl.mode(q, num_tokens)
     _rotary_kernel[(num_tokens,)](
         q,
         k,
@@ -102,7 +107,9 @@ def apply_rotary(
         BLOCK_HQ=triton.next_power_of_2(num_q_heads),
         BLOCK_HK=triton.next_power_of_2(num_k_heads),
         BLOCK_HALF=triton.next_power_of_2(rot // 2),
+        PDL=m,
         num_warps=4,
+        **pdl.launch_options(m),
     )
     return q, k
 

@@ -1,0 +1,64 @@
+"""Programmatic dependent launch (PDL) for the Triton kernels, on Hopper and later GPUs.
+
+Between two kernels on a stream the GPU normally drains the first, then launches the second. A
+kernel launched with PDL may be launched while the one before it is still running; it waits for it
+(``griddepcontrol.wait``: returns once that grid has finished and its writes are visible) before
+touching memory. A batch-1 decode step runs ~450 kernels, so the launch gaps add up. A kernel
+whose whole grid is resident at once also signals ``griddepcontrol.launch_dependents`` right after
+its wait, letting the next PDL kernel launch during its run; a larger grid does not (waiting
+programs of the next kernel would hold multiprocessors its later programs need)::
+
+    mode OFF    plain launch, no wait compiled in (CPU, interpreter, pre-Hopper, FULCRUM_PDL=0)
+    mode WAIT   launch with PDL; wait first
+    mode EARLY  launch with PDL; wait first, then let dependents launch
+
+Every kernel launched with PDL waits before its first memory access, so each kernel still sees
+all writes of every kernel before it (the kernel it waits for waited in turn), and never
+overwrites memory a kernel before it still reads. Kernels outside fulcrum (cuBLAS, torch) keep
+their plain launches; a PDL kernel after one of them waits for it just the same.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+OFF, WAIT, EARLY = 0, 1, 2
+# Read at each launch: a CUDA graph keeps the launches it captured.
+ENABLED = os.environ.get("FULCRUM_PDL", "1") != "0"
+
+
+@functools.cache
+def _device(index: int) -> tuple[bool, int]:
+    props = torch.cuda.get_device_properties(index)
+    return props.major >= 9, props.multi_processor_count
+
+
+def mode(t: torch.Tensor, programs: int) -> int:
+    """The PDL mode of a launch of ``programs`` programs on ``t``'s device."""
+    if not (ENABLED and t.is_cuda):
+        return OFF
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    hopper, sms = _device(index)
+    if not hopper:
+        return OFF
+    return EARLY if programs <= sms else WAIT
+
+
+def launch_options(m: int) -> dict[str, bool]:
+    """Keyword arguments for the kernel launch in mode ``m``."""
+    return {"launch_pdl": True} if m != OFF else {}
+
+
+@triton.jit
+def wait(MODE: tl.constexpr):
+    """First statement of a kernel: wait for the kernel before it (and release the next)."""
+    if MODE != 0:
+        gdc_wait()
+    if MODE == 2:
+        gdc_launch_dependents()
