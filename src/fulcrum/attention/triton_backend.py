@@ -69,9 +69,11 @@ class TritonAttentionBackend(AttentionBackend):
         reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         n = meta.num_reqs
-        seq_lens = meta.seq_lens[:n]
-        block_tables = meta.block_tables[:n]
-        query_start_loc = meta.query_start_loc[: n + 1]
+        views = meta.backend_cache.get("triton_views")  # once per step, not per layer
+        if views is None:
+            views = (meta.seq_lens[:n], meta.block_tables[:n], meta.query_start_loc[: n + 1])
+            meta.backend_cache["triton_views"] = views
+        seq_lens, block_tables, query_start_loc = views
         has_decode, work = self._plan(q, kv_cache, meta)
         if has_decode:
             order = None

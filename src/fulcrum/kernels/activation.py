@@ -35,7 +35,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     two_i = x.shape[-1]
     assert two_i % 2 == 0
     inter = two_i // 2
-    x2 = x.reshape(-1, two_i)
+    x2 = x if x.dim() == 2 else x.reshape(-1, two_i)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     out = torch.empty((x2.shape[0], inter), dtype=x.dtype, device=x.device)
@@ -47,7 +47,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         _silu_and_mul_kernel[grid](
             x2, out, x2.stride(0), out.stride(0), I=inter, BLOCK=block, PDL=m, num_warps=4, **opts
         )
-    return out.view(*x.shape[:-1], inter)
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], inter)
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:

@@ -237,10 +237,15 @@ class DecodeWorkspace:
     def __init__(self) -> None:
         self._buf: torch.Tensor | None = None
         self._retired: list[torch.Tensor] = []
+        self._views: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # of the current _buf
 
     def get(
         self, num_reqs: int, num_heads: int, num_splits: int, head_dim: int, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (num_reqs, num_heads, num_splits, head_dim, device)
+        views = self._views.get(key)  # every layer of a step asks for the same shape
+        if views is not None:
+            return views
         n_out = num_reqs * num_heads * num_splits * head_dim
         n_lse = num_reqs * num_heads * num_splits
         need = n_out + n_lse
@@ -250,8 +255,10 @@ class DecodeWorkspace:
                 self._retired.append(buf)
             buf = torch.empty(need, dtype=torch.float32, device=device)
             self._buf = buf
+            self._views.clear()
         part_out = buf[:n_out].view(num_reqs, num_heads, num_splits, head_dim)
         part_lse = buf[n_out:need].view(num_reqs, num_heads, num_splits)
+        self._views[key] = (part_out, part_lse)
         return part_out, part_lse
 
 
