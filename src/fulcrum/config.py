@@ -143,4 +143,5 @@ class EngineConfig:
     attention_backend: str = "auto"  # "torch" | "triton" | "auto"
     enforce_eager: bool = True
     async_scheduling: bool = False  # schedule step N+1 before step N's tokens are back
+    piecewise_graph_max_tokens: int = 0  # prefill/mixed steps up to this many tokens: graphs
     extra: dict[str, Any] = field(default_factory=dict)

@@ -56,7 +56,9 @@ def tiny_llama(tmp_path_factory) -> str:
     return make_tiny_model(str(tmp_path_factory.mktemp("tiny") / "llama"), "llama")
 
 
-def _engine(path: str, dtype: str, eager: bool, async_scheduling: str = "auto") -> LLM:
+def _engine(
+    path: str, dtype: str, eager: bool, async_scheduling: str = "auto", piecewise: int = 0
+) -> LLM:
     return LLM(
         path,
         device="cuda",
@@ -67,6 +69,7 @@ def _engine(path: str, dtype: str, eager: bool, async_scheduling: str = "auto") 
         max_num_batched_tokens=256,
         block_size=16,
         num_kv_blocks=1024,
+        piecewise_graph_max_tokens=piecewise,
     )
 
 
@@ -111,6 +114,30 @@ def test_graph_replay_matches_eager(
             assert_first_divergence_in_top(got[i], got_top[i], ref[i], ref_top[i], f"request {i}")
         same = sum(a == b for a, b in zip(got, ref, strict=True))
         assert same >= len(prompts) // 2, f"only {same} of {len(prompts)} sequences identical"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_piecewise_prefill_graphs_match_eager(tiny_llama: str, dtype: str) -> None:
+    """Prefill chunks and mixed steps of up to 256 tokens through the piecewise graphs (one
+    per token bucket and segment, attention eager between them) against eager steps."""
+    prompts = _prompts(19, 320, seed=2)
+    max_tokens = [6 + 2 * i for i in range(19)]
+    logprobs = None if dtype == "float32" else TOP
+    eager = _engine(tiny_llama, dtype, eager=True, async_scheduling="off")
+    ref, ref_top = _generate(eager, prompts, max_tokens, logprobs)
+    del eager
+    gc.collect()
+
+    llm = _engine(tiny_llama, dtype, eager=False, piecewise=256)
+    pw = llm.core.runner.piecewise
+    assert pw is not None and pw.sizes[-1] == 256
+    got, got_top = _generate(llm, prompts, max_tokens, logprobs)
+    assert pw.num_replays > 0
+    if dtype == "float32":
+        assert got == ref
+    else:
+        for i in range(len(prompts)):
+            assert_first_divergence_in_top(got[i], got_top[i], ref[i], ref_top[i], f"request {i}")
 
 
 def _hf_greedy_top(model_dir: str, prompts: list[list[int]], max_new: int):

@@ -38,3 +38,35 @@ def test_profiling_step_runs_on_both_backends(tiny_models):
         with torch.inference_mode():
             llm.core.runner._dummy_forward(40)
             llm.core.runner._dummy_forward(3)
+
+
+def test_emulated_piecewise_prefill_graphs_match_eager(tiny_models):
+    """Prefill chunks and mixed steps through the token-bucket segment graphs (padding rows,
+    attention between segments, prefix-cache hits) give eager's tokens."""
+    rng = random.Random(6)
+    shared = [rng.randrange(3, 320) for _ in range(20)]
+    prompts = [
+        (shared if i % 2 else []) + [rng.randrange(3, 320) for _ in range(rng.randrange(3, 50))]
+        for i in range(6)
+    ]
+    max_tokens = [4 + 3 * i for i in range(6)]
+    kw = dict(device="cpu", dtype="float32", attention_backend="triton", max_num_seqs=4,
+              max_num_batched_tokens=40)  # fmt: skip
+    want = _greedy(LLM(tiny_models["llama"], **kw), prompts, max_tokens)
+    llm = LLM(tiny_models["llama"], async_scheduling="on", piecewise_graph_max_tokens=40, **kw)
+    runner = llm.core.runner
+    runner.capture_piecewise(emulate=True)
+    pw = runner.piecewise
+    assert runner.use_cuda_graphs and pw is not None and pw.sizes == [8, 16, 32, 40]
+    assert all(len(g) == 3 for g in pw.graphs.values())  # 2 layers: 3 segments
+    assert _greedy(llm, prompts, max_tokens) == want
+    assert pw.num_replays >= 6
+
+
+def test_token_buckets():
+    from fulcrum.worker.piecewise_graph import token_buckets
+
+    assert token_buckets(5) == [5]
+    assert token_buckets(40) == [8, 16, 32, 40]
+    assert token_buckets(1024) == [8, 16, 32, 64, 128, 256, 512, 768, 1024]
+    assert token_buckets(1100) == [8, 16, 32, 64, 128, 256, 512, 768, 1024, 1100]

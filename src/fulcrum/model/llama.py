@@ -61,14 +61,18 @@ class Attention(nn.Module):
         self.rope = rope
         self.backend = backend
 
-    def forward(self, x, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def project(self, x, positions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q ``[T, heads, D]`` and k, v ``[T, kv_heads, D]``, rotary applied."""
         a = self.a
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, a.num_heads, a.head_dim)
         k = k.view(-1, a.num_kv_heads, a.head_dim)
         v = v.view(-1, a.num_kv_heads, a.head_dim)
         q, k = self.rope(positions, q, k)
-        o = self.backend.forward(q, k, v, kv_cache, meta)
+        return q, k, v
+
+    def forward(self, x, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        o = self.backend.forward(*self.project(x, positions), kv_cache, meta)
         return self.o_proj(o.reshape(-1, self.q_size))
 
 
@@ -91,12 +95,23 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
     def forward(self, x, residual, positions, kv_cache, meta):
-        if residual is None:
-            residual = x
-            h = self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm(x, residual)
+        h, residual = self._norm_in(x, residual)
         h = self.self_attn(h, positions, kv_cache, meta)
+        return self.after_attention(h, residual)
+
+    def _norm_in(self, x, residual):
+        if residual is None:
+            return self.input_layernorm(x), x
+        return self.input_layernorm(x, residual)
+
+    # The layer in two halves around attention, for CUDA graphs captured piecewise.
+    def before_attention(self, x, residual, positions):
+        """``(q, k, v, residual)`` of this layer's input."""
+        h, residual = self._norm_in(x, residual)
+        return (*self.self_attn.project(h, positions), residual)
+
+    def after_attention(self, h, residual):
+        """``(output, residual)`` from the attention rows ``h`` (after ``o_proj``)."""
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
@@ -113,6 +128,23 @@ class LlamaModel(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, positions, kv_cache, meta)
+        x, _ = self.norm(x, residual)
+        return x
+
+    # The forward as segments between attention calls (worker/piecewise_graph.py):
+    #   segment 0        embed -> layer 0 before attention                   -> q, k, v, residual
+    #   segment i (1..L-1)  layer i-1 after attention (o_proj of its rows) -> layer i before
+    #   segment L        layer L-1 after attention -> final norm                -> hidden states
+    # with each layer's attention (reading q, k, v; writing rows ``o``) between them.
+    def segment(self, i: int, positions, input_ids=None, o=None, residual=None):
+        if i == 0:
+            return self.layers[0].before_attention(self.embed_tokens(input_ids), None, positions)
+        prev = self.layers[i - 1]
+        x, residual = prev.after_attention(
+            prev.self_attn.o_proj(o.reshape(-1, prev.self_attn.q_size)), residual
+        )
+        if i < len(self.layers):
+            return self.layers[i].before_attention(x, residual, positions)
         x, _ = self.norm(x, residual)
         return x
 

@@ -7,7 +7,9 @@ A step is launched without waiting on the device and collected later (``execute_
         │  an input token the previous step sampled is not on the host yet: it is patched in
         │  on the device from that step's sampled ids (asynchronous scheduling)
         ├─ pure decode, n <= largest bucket: copy into the static buffers, replay a CUDA graph
-        └─ otherwise (prefill chunks, mixed, eager mode): async copies, eager forward
+        ├─ prefill chunks / mixed, tokens <= piecewise_graph_max_tokens: replay the token
+        │  bucket's segment graphs, attention eager between them (worker/piecewise_graph.py)
+        └─ otherwise (larger steps, eager mode): async copies, eager forward
     logits ─► all plain greedy: argmax │ else the Sampler (penalties, filters, logprobs)
            ─► asynchronous device → host copy of the sampled ids (plus logprobs when asked)
 
@@ -33,6 +35,7 @@ from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
 from fulcrum.model.loader.weights import load_model
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.cuda_graph import DecodeGraphs, HostStaging, capture_sizes
+from fulcrum.worker.piecewise_graph import PiecewiseGraphs, token_buckets
 from fulcrum.worker.sampler import Sampler, SamplingMetadata, greedy_argmax
 
 logger = logging.getLogger(__name__)
@@ -105,6 +108,7 @@ class ModelRunner:
         n_arange = max(sc.max_num_seqs, sc.max_num_batched_tokens) + 1
         self._arange = torch.arange(n_arange, dtype=torch.int32, device=self.device)
         self.graphs: DecodeGraphs | None = None
+        self.piecewise: PiecewiseGraphs | None = None
         self.use_cuda_graphs = False  # True once graphs are captured; benchmarks may toggle it
         # The last launched step's sampled ids (device) and each request's row in them.
         self._prev_sampled: torch.Tensor | None = None
@@ -198,6 +202,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         if self.device.type == "cuda" and not self.config.enforce_eager:
             self.capture_graphs()
+            if self.config.piecewise_graph_max_tokens > 0:
+                self.capture_piecewise()
 
     # -- CUDA graphs --------------------------------------------------------------------------
 
@@ -224,10 +230,8 @@ class ModelRunner:
             self.device,
             emulate=emulate,
         )
-        try:
-            dt = graphs.capture()
-        except RuntimeError as e:  # capture is an optimisation: keep serving eagerly
-            logger.warning("CUDA graph capture failed (%s); running eagerly.", e)
+        dt = self._capture(graphs, "decode")
+        if dt is None:
             return
         self.graphs, self.use_cuda_graphs = graphs, True
         self.timings["graph_capture_s"] = dt
@@ -236,6 +240,49 @@ class ModelRunner:
             len(sizes),
             sizes[0],
             sizes[-1],
+            dt,
+        )
+
+    @staticmethod
+    def _capture(graphs: DecodeGraphs | PiecewiseGraphs, what: str) -> float | None:
+        """Seconds the capture took; None if it failed (an optimisation: those steps stay eager)."""
+        try:
+            return graphs.capture()
+        except RuntimeError as e:
+            logger.warning("CUDA graph capture (%s) failed (%s); running eagerly.", what, e)
+            return None
+
+    def capture_piecewise(self, emulate: bool = False) -> None:
+        """Capture prefill/mixed steps of up to ``piecewise_graph_max_tokens`` tokens as segment
+        graphs around attention (``emulate``: replays re-run the segments, off CUDA)."""
+        body = getattr(self.model, "model", None)
+        if self.attn_backend.name != "triton" or not hasattr(body, "segment"):
+            logger.info("Piecewise CUDA graphs need the triton backend and a segmented model.")
+            return
+        sc = self.config.scheduler_config
+        sizes = token_buckets(min(self.config.piecewise_graph_max_tokens, sc.max_num_batched_tokens))
+        mc = self.config.model_config
+        pw = PiecewiseGraphs(
+            body,
+            sizes,
+            mc.hf_config.num_attention_heads,
+            mc.head_dim,
+            self.dtype,
+            self.device,
+            emulate=emulate,
+        )
+        dt = self._capture(pw, "piecewise prefill")
+        if dt is None:
+            return
+        self.piecewise, self.use_cuda_graphs = pw, True
+        self.timings["piecewise_capture_s"] = dt
+        logger.info(
+            "Captured piecewise prefill graphs (%d token buckets %d..%d, %d segments each) "
+            "in %.2f s",
+            len(sizes),
+            sizes[0],
+            sizes[-1],
+            len(pw.graphs[sizes[0]]),
             dt,
         )
 
@@ -378,6 +425,13 @@ class ModelRunner:
         tnp = table.numpy()
         slots = tnp[req_of_tok, positions // bs].astype(np.int64) * bs + positions % bs
         seq_lens = starts + counts
+        pw = self.piecewise if self.use_cuda_graphs else None
+        bucket = pw.bucket(total) if pw is not None else None
+        if bucket is not None and bucket > total:  # padding rows: id 0, position 0, no KV write
+            pad = bucket - total
+            ids = np.concatenate([ids, np.zeros(pad, np.int64)])
+            positions = np.concatenate([positions, np.zeros(pad, np.int64)])
+            slots = np.concatenate([slots, np.full(pad, -1, np.int64)])
         st, dev = self._staging, self.device
         meta = AttentionMetadata(
             num_tokens=total,
@@ -396,7 +450,14 @@ class ModelRunner:
         pos_dev = st.put("pos", positions, torch.int64)
         last = st.put("last", qsl[1:][rows] - 1, torch.int64) if rows else None
         st.fence()
-        hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
+        if bucket is not None:
+            assert pw is not None
+            kv, attn = self.kv_caches, self.attn_backend
+            hidden = pw.run(
+                bucket, ids_dev, pos_dev, lambda i, q, k, v: attn.forward(q, k, v, kv[i], meta)
+            )
+        else:
+            hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
         if last is None:
             return None, rows
         return self.model.compute_logits(hidden[last]), rows
