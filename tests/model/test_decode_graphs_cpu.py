@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from fulcrum import LLM, SamplingParams
 
 
@@ -40,9 +42,14 @@ def test_profiling_step_runs_on_both_backends(tiny_models):
             llm.core.runner._dummy_forward(3)
 
 
-def test_emulated_piecewise_prefill_graphs_match_eager(tiny_models):
+@pytest.mark.parametrize(
+    "extra",
+    [dict(), dict(num_kv_blocks=24, block_size=4)],  # the second preempts requests
+)
+def test_emulated_piecewise_prefill_graphs_match_eager(tiny_models, extra):
     """Prefill chunks and mixed steps through the token-bucket segment graphs (padding rows,
-    attention between segments, prefix-cache hits) give eager's tokens."""
+    attention between segments, prefix-cache hits, recompute after preemption) give eager's
+    tokens."""
     rng = random.Random(6)
     shared = [rng.randrange(3, 320) for _ in range(20)]
     prompts = [
@@ -51,7 +58,7 @@ def test_emulated_piecewise_prefill_graphs_match_eager(tiny_models):
     ]
     max_tokens = [4 + 3 * i for i in range(6)]
     kw = dict(device="cpu", dtype="float32", attention_backend="triton", max_num_seqs=4,
-              max_num_batched_tokens=40)  # fmt: skip
+              max_num_batched_tokens=40, **extra)  # fmt: skip
     want = _greedy(LLM(tiny_models["llama"], **kw), prompts, max_tokens)
     llm = LLM(tiny_models["llama"], async_scheduling="on", piecewise_graph_max_tokens=40, **kw)
     runner = llm.core.runner
@@ -61,6 +68,9 @@ def test_emulated_piecewise_prefill_graphs_match_eager(tiny_models):
     assert all(len(g) == 3 for g in pw.graphs.values())  # 2 layers: 3 segments
     assert _greedy(llm, prompts, max_tokens) == want
     assert pw.num_replays >= 6
+    if extra:
+        assert llm.stats()["num_preemptions_total"] > 0
+    llm.core.scheduler.kv.check_integrity()
 
 
 def test_token_buckets():
