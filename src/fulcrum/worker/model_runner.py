@@ -13,9 +13,8 @@ A step is launched without waiting on the device and collected later (``execute_
     logits ─► all plain greedy: argmax │ else the Sampler (penalties, filters, logprobs)
            ─► asynchronous device → host copy of the sampled ids (plus logprobs when asked)
 
-Block tables are mirrored per request in numpy rows that only grow: the KV manager appends
-blocks to a request's table and gives a re-admitted request a new list, so a row is extended
-with the new tail rather than rebuilt each step.
+The host-side arrays (block-table rows kept per request, ids, positions, slots) are built in
+``worker/input_batch.py``.
 """
 
 from __future__ import annotations
@@ -29,30 +28,19 @@ import torch
 
 from fulcrum.attention.backend import AttentionMetadata, get_backend_cls
 from fulcrum.config import EngineConfig
-from fulcrum.engine.protocol import Logprobs, WireSamplingParams
+from fulcrum.engine.protocol import Logprobs
 from fulcrum.engine.request import Request
 from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
 from fulcrum.model.loader.weights import load_model
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.cuda_graph import DecodeGraphs, HostStaging, capture_sizes
+from fulcrum.worker.input_batch import InputBuilder, ReqState
 from fulcrum.worker.piecewise_graph import PiecewiseGraphs, token_buckets
 from fulcrum.worker.sampler import Sampler, SamplingMetadata, greedy_argmax
 
 logger = logging.getLogger(__name__)
 
 _DEFAULT_CPU_KV_GIB = 2.0
-
-
-def _plain_greedy(p: WireSamplingParams) -> bool:
-    """Argmax is the whole sampler: greedy, no penalties, no min_tokens mask, no logprobs."""
-    return (
-        p.temperature == 0.0
-        and p.logprobs is None
-        and p.min_tokens == 0
-        and p.repetition_penalty == 1.0
-        and p.presence_penalty == 0.0
-        and p.frequency_penalty == 0.0
-    )
 
 
 @dataclass
@@ -63,24 +51,6 @@ class StepHandle:
     event: torch.cuda.Event | None  # set once the copies are done (None: already done)
     logprobs: list[torch.Tensor] | None = None  # host (logprobs, ids, ranks)
     reqs: list[Request] | None = None  # the sampled rows' requests (for logprobs)
-
-
-@dataclass
-class _ReqState:
-    """Per-request state kept across steps: its block-table row and whether argmax suffices."""
-
-    params: WireSamplingParams
-    blocks: list[int]  # the KV manager's list (grows in place)
-    row: np.ndarray  # int32 [capacity]; entries past ``filled`` are 0
-    filled: int
-    plain_greedy: bool
-
-    def sync(self, blocks: list[int]) -> None:
-        n = len(blocks)
-        if n > self.row.shape[0]:
-            self.row = np.concatenate([self.row, np.zeros(n, dtype=np.int32)])
-        self.row[self.filled : n] = blocks[self.filled :]
-        self.filled = n
 
 
 class ModelRunner:
@@ -103,8 +73,8 @@ class ModelRunner:
         sc = config.scheduler_config
         self.max_model_len = max(mc.max_model_len, sc.max_model_len)
         self.max_blocks = -(-self.max_model_len // self.block_size)
-        self._states: dict[str, _ReqState] = {}
         self._staging = HostStaging(self.device)
+        self.inputs = InputBuilder(self.max_blocks, sc.max_num_seqs, self._staging)
         n_arange = max(sc.max_num_seqs, sc.max_num_batched_tokens) + 1
         self._arange = torch.arange(n_arange, dtype=torch.int32, device=self.device)
         self.graphs: DecodeGraphs | None = None
@@ -259,8 +229,8 @@ class ModelRunner:
         if self.attn_backend.name != "triton" or not hasattr(body, "segment"):
             logger.info("Piecewise CUDA graphs need the triton backend and a segmented model.")
             return
-        sc = self.config.scheduler_config
-        sizes = token_buckets(min(self.config.piecewise_graph_max_tokens, sc.max_num_batched_tokens))
+        most = self.config.scheduler_config.max_num_batched_tokens  # no step has more tokens
+        sizes = token_buckets(min(self.config.piecewise_graph_max_tokens, most))
         mc = self.config.model_config
         pw = PiecewiseGraphs(
             body,
@@ -288,51 +258,6 @@ class ModelRunner:
 
     # -- one step -----------------------------------------------------------------------------
 
-    def _request_states(
-        self, out: SchedulerOutput, block_tables: list[list[int]]
-    ) -> list[_ReqState]:
-        states: list[_ReqState] = []
-        get = self._states.get
-        for (r, _), blocks in zip(out.scheduled, block_tables, strict=True):
-            st = get(r.key)
-            if st is None or st.params is not r.params or st.blocks is not blocks:
-                row = np.zeros(max(self.max_blocks, len(blocks)), dtype=np.int32)
-                st = _ReqState(r.params, blocks, row, 0, _plain_greedy(r.params))
-                self._states[r.key] = st
-            if len(blocks) != st.filled:
-                st.sync(blocks)
-            states.append(st)
-        if len(self._states) > 2 * self.config.scheduler_config.max_num_seqs + len(states):
-            keep = {r.key for r, _ in out.scheduled}
-            self._states = {k: v for k, v in self._states.items() if k in keep}
-        return states
-
-    def _table(self, states: list[_ReqState], width: int) -> torch.Tensor:
-        """Block tables of the batch as a contiguous host tensor ``[n, width]``."""
-        host = self._staging.get("table", len(states) * width, torch.int32)
-        host = host.view(len(states), width)
-        np.stack([st.row[:width] for st in states], out=host.numpy())
-        return host
-
-    def _decode_batch(self, out: SchedulerOutput) -> tuple[np.ndarray, np.ndarray, list, list] | None:
-        """(input ids, positions, patch rows, their rows in the previous step's sampled ids) if
-        every request computes exactly its one last token."""
-        n = len(out.scheduled)
-        ids = np.zeros(n, dtype=np.int64)
-        pos = np.fromiter(out.starts, np.int64, n)
-        dst: list[int] = []
-        src: list[int] = []
-        for i, ((r, k), s, smp) in enumerate(zip(out.scheduled, out.starts, out.samples, strict=True)):
-            if k != 1 or not smp:
-                return None
-            toks = r.all_token_ids
-            if s < len(toks):
-                ids[i] = toks[s]
-            else:  # sampled by the step still running
-                dst.append(i)
-                src.append(self._prev_rows[r.key])
-        return ids, pos, dst, src
-
     def _patch(self, ids: torch.Tensor, dst: list[int], src: list[int]) -> None:
         """``ids[dst] = previous step's sampled[src]``, on the device."""
         if not dst:
@@ -345,8 +270,8 @@ class ModelRunner:
     def execute_async(self, out: SchedulerOutput, block_tables: list[list[int]]) -> StepHandle:
         """Launch one step; ``collect`` returns its sampled tokens."""
         self._staging.wait()  # the previous step's host → device copies are done
-        states = self._request_states(out, block_tables)
-        dec = self._decode_batch(out)
+        states = self.inputs.states(out, block_tables)
+        dec = self.inputs.decode_batch(out, self._prev_rows)
         if dec is not None:
             logits, greedy = self._decode_step(*dec, states)
             return self._sample(logits, [r for r, _ in out.scheduled], states, greedy)
@@ -365,11 +290,11 @@ class ModelRunner:
         return sampled, self._logprobs(h.reqs, lps, ids, ranks)
 
     def _decode_step(
-        self, ids: np.ndarray, pos: np.ndarray, dst: list[int], src: list[int], states: list[_ReqState]
+        self, ids: np.ndarray, pos: np.ndarray, dst: list[int], src: list[int], states: list[ReqState]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits of a pure-decode batch, and their greedy ids when a CUDA graph computed them."""
         bs, n = self.block_size, len(ids)
-        table = self._table(states, int(pos.max()) // bs + 1)
+        table = self.inputs.table(states, int(pos.max()) // bs + 1)
         slots = table.numpy()[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
         if self.use_cuda_graphs and self.graphs is not None and self.graphs.bucket(n):
             b = self.graphs.stage(ids, pos, slots, table)
@@ -398,56 +323,32 @@ class ModelRunner:
         return self.model.compute_logits(hidden), None
 
     def _general_step(
-        self, out: SchedulerOutput, states: list[_ReqState]
+        self, out: SchedulerOutput, states: list[ReqState]
     ) -> tuple[torch.Tensor | None, list[int]]:
-        """Prefill chunks and mixed batches, eagerly; returns logits of the rows to sample."""
-        bs, n = self.block_size, len(out.scheduled)
-        starts = np.fromiter(out.starts, np.int64, n)
-        counts = np.fromiter((k for _, k in out.scheduled), np.int64, n)
-        qsl = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(counts, out=qsl[1:])
-        total = int(qsl[-1])
-        req_of_tok = np.repeat(np.arange(n), counts)
-        positions = np.arange(total, dtype=np.int64) - qsl[req_of_tok] + starts[req_of_tok]
-        ids = np.zeros(total, dtype=np.int64)
-        dst: list[int] = []
-        src: list[int] = []
-        for i, (r, k) in enumerate(out.scheduled):
-            s, a, toks = int(starts[i]), int(qsl[i]), r.all_token_ids
-            known = min(k, len(toks) - s)
-            ids[a : a + known] = toks[s : s + known]
-            if known < k:  # the last input was sampled by the step still running
-                assert known == k - 1, "at most one pending token per request"
-                dst.append(a + k - 1)
-                src.append(self._prev_rows[r.key])
-        rows = [i for i, smp in enumerate(out.samples) if smp]
-        table = self._table(states, max(st.filled for st in states))
-        tnp = table.numpy()
-        slots = tnp[req_of_tok, positions // bs].astype(np.int64) * bs + positions % bs
-        seq_lens = starts + counts
+        """Prefill chunks and mixed batches; returns logits of the rows to sample. Eager, or
+        through the piecewise graphs of the token bucket that holds the step."""
+        gb = self.inputs.general_batch(out, states, self._prev_rows, self.block_size)
+        total, qsl, rows = gb.total, gb.qsl, gb.rows
         pw = self.piecewise if self.use_cuda_graphs else None
         bucket = pw.bucket(total) if pw is not None else None
-        if bucket is not None and bucket > total:  # padding rows: id 0, position 0, no KV write
-            pad = bucket - total
-            ids = np.concatenate([ids, np.zeros(pad, np.int64)])
-            positions = np.concatenate([positions, np.zeros(pad, np.int64)])
-            slots = np.concatenate([slots, np.full(pad, -1, np.int64)])
+        if bucket is not None:
+            gb.pad(bucket)
         st, dev = self._staging, self.device
         meta = AttentionMetadata(
             num_tokens=total,
-            num_reqs=n,
+            num_reqs=len(out.scheduled),
             query_start_loc=st.put("qsl", qsl, torch.int32),
-            seq_lens=st.put("seq_lens", seq_lens, torch.int32),
-            block_tables=table.to(dev, non_blocking=True),
-            slot_mapping=st.put("slots", slots, torch.int64),
-            max_query_len=int(counts.max()),
-            max_seq_len=int(seq_lens.max()),
+            seq_lens=st.put("seq_lens", gb.seq_lens, torch.int32),
+            block_tables=gb.table.to(dev, non_blocking=True),
+            slot_mapping=st.put("slots", gb.slots, torch.int64),
+            max_query_len=int(gb.counts.max()),
+            max_seq_len=int(gb.seq_lens.max()),
             query_start_loc_cpu=qsl.tolist(),
-            seq_lens_cpu=seq_lens.tolist(),
+            seq_lens_cpu=gb.seq_lens.tolist(),
         )
-        ids_dev = st.put("ids", ids, torch.int64)
-        self._patch(ids_dev, dst, src)
-        pos_dev = st.put("pos", positions, torch.int64)
+        ids_dev = st.put("ids", gb.ids, torch.int64)
+        self._patch(ids_dev, gb.dst, gb.src)
+        pos_dev = st.put("pos", gb.positions, torch.int64)
         last = st.put("last", qsl[1:][rows] - 1, torch.int64) if rows else None
         st.fence()
         if bucket is not None:
@@ -468,7 +369,7 @@ class ModelRunner:
         self,
         logits: torch.Tensor | None,
         reqs: list[Request],
-        states: list[_ReqState],
+        states: list[ReqState],
         greedy: torch.Tensor | None = None,
     ) -> StepHandle:
         """Sample on the device and start copying the result to the host."""
