@@ -95,7 +95,7 @@ class HostStaging:
         return host.view(values.shape).to(self.device, non_blocking=True)
 
 
-class _EmulatedGraph:
+class EmulatedGraph:
     """Stands in for ``torch.cuda.CUDAGraph`` off CUDA: replay re-runs the captured function on
     the same static buffers, so the padding and buffer logic can be checked on the CPU."""
 
@@ -140,7 +140,7 @@ class DecodeGraphs:
         self._h_seq_lens = pinned((b,), torch.int32, dev)
         self.h_tokens = self._h_tokens.numpy()
         self.h_seq_lens = self._h_seq_lens.numpy()
-        self.graphs: dict[int, torch.cuda.CUDAGraph | _EmulatedGraph] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph | EmulatedGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.pool = None
         self.capture_time = 0.0
@@ -192,7 +192,7 @@ class DecodeGraphs:
         self._run_static(self.max_batch)  # eager step at the largest batch: scratch grows now
         if self.emulate:
             for b in reversed(self.sizes):
-                g = _EmulatedGraph(lambda b=b: self._run_static(b))
+                g = EmulatedGraph(lambda b=b: self._run_static(b))
                 self.graphs[b], self.outputs[b] = g, g.output
         else:
             torch.cuda.synchronize(self.device)

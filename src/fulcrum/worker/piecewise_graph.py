@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from fulcrum.worker.cuda_graph import _EmulatedGraph
+from fulcrum.worker.cuda_graph import EmulatedGraph
 
 # attend(layer, q, k, v) -> attention rows [T, heads, head_dim] for this step's requests
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -65,7 +65,7 @@ class PiecewiseGraphs:
         self.ids = torch.zeros(t, dtype=torch.int64, device=device)
         self.positions = torch.zeros(t, dtype=torch.int64, device=device)
         self.attn_out = torch.zeros(t, num_heads, head_dim, dtype=dtype, device=device)
-        self.graphs: dict[int, list[torch.cuda.CUDAGraph | _EmulatedGraph]] = {}
+        self.graphs: dict[int, list[torch.cuda.CUDAGraph | EmulatedGraph]] = {}
         self.outputs: dict[int, list[tuple[torch.Tensor, ...]]] = {}
         self.pool = None
         self.capture_time = 0.0
@@ -102,7 +102,7 @@ class PiecewiseGraphs:
             for i in range(self.num_layers + 1):
                 fn = self._segment(t, i, prev)
                 if self.emulate:
-                    g = _EmulatedGraph(fn)
+                    g = EmulatedGraph(fn)
                     out = g.output
                 else:
                     fn()  # warm-up: Triton variants compile outside capture
