@@ -62,7 +62,6 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.scale = scale
 
-    @abstractmethod
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
@@ -73,6 +72,27 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Write the new ``k``/``v`` into ``kv_cache`` at ``meta.slot_mapping``, then attend each
         new query to its request's whole context (cached prefix plus new tokens), causally."""
+        self.write_kv(k, v, kv_cache, meta.slot_mapping)
+        return self.attend(q, k, v, kv_cache, meta)
+
+    @abstractmethod
+    def write_kv(
+        self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        """The new ``k``/``v`` rows into ``kv_cache`` at ``slot_mapping`` (``-1``: padding, not
+        written). Depends on the token count only, so a CUDA graph may hold it."""
+
+    @abstractmethod
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """``forward`` after ``write_kv``: the cache already holds this step's rows (``k``/``v``
+        are there for a backend that reads a chunk's own rows directly)."""
 
 
 _REGISTRY: dict[str, type[AttentionBackend]] = {}

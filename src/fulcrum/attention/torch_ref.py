@@ -119,8 +119,10 @@ class TorchAttentionBackend(AttentionBackend):
         super().__init__(num_heads, num_kv_heads, head_dim, scale)
         self._scratch = GatherScratch()  # decode K/V, [B, L, Hkv, D], shared by the layers
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        write_kv(k, v, kv_cache, meta.slot_mapping)
+    def write_kv(self, k, v, kv_cache, slot_mapping) -> None:
+        write_kv(k, v, kv_cache, slot_mapping)
+
+    def attend(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         out = torch.empty_like(q)
         plan = _plan(meta, q.device)
         groups = self.num_heads // self.num_kv_heads

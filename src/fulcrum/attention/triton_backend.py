@@ -58,7 +58,12 @@ class TritonAttentionBackend(AttentionBackend):
             plan = meta.backend_cache["triton_plan"] = (has_decode, work if len(items) else None)
         return plan
 
-    def forward(
+    def write_kv(
+        self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        reshape_and_cache(k, v, kv_cache, slot_mapping)
+
+    def attend(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
@@ -66,7 +71,6 @@ class TritonAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        reshape_and_cache(k, v, kv_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         n = meta.num_reqs
         views = meta.backend_cache.get("triton_views")  # once per step, not per layer

@@ -232,8 +232,10 @@ class ModelRunner:
         most = self.config.scheduler_config.max_num_batched_tokens  # no step has more tokens
         sizes = token_buckets(min(self.config.piecewise_graph_max_tokens, most))
         mc = self.config.model_config
+        kv, attn = self.kv_caches, self.attn_backend
         pw = PiecewiseGraphs(
             body,
+            lambda i, k, v, slots: attn.write_kv(k, v, kv[i], slots),
             sizes,
             mc.hf_config.num_attention_heads,
             mc.head_dim,
@@ -354,9 +356,8 @@ class ModelRunner:
         if bucket is not None:
             assert pw is not None
             kv, attn = self.kv_caches, self.attn_backend
-            hidden = pw.run(
-                bucket, ids_dev, pos_dev, lambda i, q, k, v: attn.forward(q, k, v, kv[i], meta)
-            )
+            attend = lambda i, q, k, v: attn.attend(q, k, v, kv[i], meta)  # noqa: E731
+            hidden = pw.run(bucket, ids_dev, pos_dev, meta.slot_mapping, attend)
         else:
             hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
         if last is None:

@@ -5,12 +5,14 @@ host takes longer to launch them than the GPU takes to run them (BENCHMARKS.md �
 host time per layer). Attention cannot join a graph here: its launches depend on the step's
 requests (the prefill kernel's work list, the decode rows). Everything else in a layer -- norms,
 the four GEMMs, rotary, SiLU -- depends on the token count only. So each token bucket ``T`` gets
-``L + 1`` graphs, the model's segments between attention calls (``LlamaModel.segment``), and a
-step of ``n <= T`` tokens replays them with each layer's attention run eagerly in between::
+``L + 1`` graphs, the model's segments between attention calls (``LlamaModel.segment``; each
+but the last ends by writing its layer's K/V into the cache, which also depends on the token
+count only), and a step of ``n <= T`` tokens replays them with each layer's attention run
+eagerly in between::
 
-    stage ids, positions (padded to T)
-    replay segment 0 ─► q, k, v of layer 0 ─► attention (eager, this step's requests) ─► rows o
-    replay segment 1 (o_proj + MLP of layer 0, norm + qkv + rotary of layer 1) ─► q, k, v ─► ...
+    stage ids, positions, KV slots (padded to T)
+    replay segment 0 ─► q of layer 0, its K/V written ─► attention (eager, this step's requests)
+    replay segment 1 (o_proj + MLP of layer 0; norm, qkv, rotary, KV write of layer 1) ─► ...
     replay segment L ─► hidden states [T, hidden]      (logits of the sampled rows: eager)
 
     rows  0 .. n-1: the step's tokens | n .. T-1: padding, id 0, position 0, KV slot -1 (not
@@ -32,6 +34,8 @@ from fulcrum.worker.cuda_graph import EmulatedGraph
 
 # attend(layer, q, k, v) -> attention rows [T, heads, head_dim] for this step's requests
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# write_kv(layer, k, v, slots): the rows into that layer's KV cache (slot -1: not written)
+WriteKV = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 def token_buckets(max_tokens: int) -> list[int]:
@@ -49,6 +53,7 @@ class PiecewiseGraphs:
     def __init__(
         self,
         model: torch.nn.Module,  # a LlamaModel: ``segment`` and ``layers``
+        write_kv: WriteKV,
         sizes: list[int],
         num_heads: int,
         head_dim: int,
@@ -57,6 +62,7 @@ class PiecewiseGraphs:
         emulate: bool = False,
     ) -> None:
         self.model = model
+        self.write_kv = write_kv
         self.num_layers = len(model.layers)
         self.sizes = sorted(sizes)
         self.max_tokens = self.sizes[-1]
@@ -64,6 +70,7 @@ class PiecewiseGraphs:
         t = self.max_tokens
         self.ids = torch.zeros(t, dtype=torch.int64, device=device)
         self.positions = torch.zeros(t, dtype=torch.int64, device=device)
+        self.slots = torch.full((t,), -1, dtype=torch.int64, device=device)
         self.attn_out = torch.zeros(t, num_heads, head_dim, dtype=dtype, device=device)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph | EmulatedGraph]] = {}
         self.outputs: dict[int, list[tuple[torch.Tensor, ...]]] = {}
@@ -81,17 +88,22 @@ class PiecewiseGraphs:
         # Views are taken inside each call: the torch rotary path memoises cos/sin by the
         # positions tensor's identity, and the static buffer's content changes between steps.
         model = self.model
-        if i == 0:
-            return lambda: model.segment(0, self.positions[:t], input_ids=self.ids[:t])
-        assert prev is not None
-        residual = prev[3]
-        if i < self.num_layers:
-            return lambda: model.segment(
-                i, self.positions[:t], o=self.attn_out[:t], residual=residual
+        residual = prev[3] if prev is not None else None
+        if i == self.num_layers:
+            return lambda: (
+                model.segment(i, self.positions[:t], o=self.attn_out[:t], residual=residual),
             )
-        return lambda: (
-            model.segment(i, self.positions[:t], o=self.attn_out[:t], residual=residual),
-        )
+
+        def run() -> tuple[torch.Tensor, ...]:
+            pos = self.positions[:t]
+            if i == 0:
+                q, k, v, res = model.segment(0, pos, input_ids=self.ids[:t])
+            else:
+                q, k, v, res = model.segment(i, pos, o=self.attn_out[:t], residual=residual)
+            self.write_kv(i, k, v, self.slots[:t])
+            return q, k, v, res
+
+        return run
 
     @torch.inference_mode()
     def capture(self) -> float:
@@ -122,12 +134,19 @@ class PiecewiseGraphs:
         return self.capture_time
 
     def run(
-        self, t: int, ids: torch.Tensor, positions: torch.Tensor, attend: Attend
+        self,
+        t: int,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        attend: Attend,
     ) -> torch.Tensor:
-        """One step on bucket ``t``: ``ids``/``positions`` are its ``t`` padded inputs (device);
-        returns the hidden states ``[t, hidden]`` (pool memory, valid until the next replay)."""
+        """One step on bucket ``t``: ``ids``/``positions``/``slots`` are its ``t`` padded inputs
+        (device); ``attend`` must not write K/V (the segments did). Returns the hidden states
+        ``[t, hidden]`` (pool memory, valid until the next replay)."""
         self.ids[:t].copy_(ids)
         self.positions[:t].copy_(positions)
+        self.slots[:t].copy_(slots)
         graphs, outs = self.graphs[t], self.outputs[t]
         for i in range(self.num_layers):
             graphs[i].replay()
