@@ -51,12 +51,15 @@ def gather_kv(
     block_table: torch.Tensor,
     length: int,
     scratch: GatherScratch | None = None,
+    dtype: torch.dtype | None = None,
 ):
     """K and V of one or more requests: [..., length, num_kv_heads, head_dim].
 
     Whole blocks are copied with ``index_select`` over a 2-D view (one contiguous row per
     block), several times faster on the CPU than advanced indexing. With ``scratch`` the rows
-    land in its buffers (valid until its next use) instead of new tensors.
+    land in its buffers (valid until its next use) instead of new tensors. ``dtype``: the
+    token-major V of an FP8 cache is reordered and widened to it in one copy (K and other caches
+    are returned in the cache's dtype).
     """
     _, nb, bs, h, d = kv_cache.shape
     nblk = (length + bs - 1) // bs
@@ -71,7 +74,9 @@ def gather_kv(
         torch.index_select(flat[0], 0, blocks, out=k)
         torch.index_select(flat[1], 0, blocks, out=v)
     if v_token_major(kv_cache.dtype):  # blocks of V are [h, d, page]: to [page, h, d] rows
-        v = v.view(-1, h, d, bs).permute(0, 3, 1, 2).contiguous()
+        rows = torch.empty(v.shape, dtype=dtype or v.dtype, device=v.device)
+        rows.view(-1, bs, h, d).copy_(v.view(-1, h, d, bs).permute(0, 3, 1, 2))
+        v = rows
     k, v = k.view(shape), v.view(shape)
     return k[..., :length, :, :], v[..., :length, :, :]
 
@@ -128,7 +133,7 @@ class TorchAttentionBackend(AttentionBackend):
         groups = self.num_heads // self.num_kv_heads
         if plan["decode"] is not None:
             idx, tok, max_len, mask = plan["decode"]
-            kk, vv = gather_kv(kv_cache, meta.block_tables[idx], max_len, self._scratch)
+            kk, vv = gather_kv(kv_cache, meta.block_tables[idx], max_len, self._scratch, q.dtype)
             o = F.scaled_dot_product_attention(
                 q[tok].unsqueeze(2),  # [B, H, 1, D]
                 kk.transpose(1, 2).to(q.dtype),
@@ -142,7 +147,7 @@ class TorchAttentionBackend(AttentionBackend):
             if mask is None:  # nothing cached before this chunk: plain causal attention
                 kk, vv = k[start:end], v[start:end]
             else:
-                kk, vv = gather_kv(kv_cache, meta.block_tables[i], length)  # [L, Hkv, D]
+                kk, vv = gather_kv(kv_cache, meta.block_tables[i], length, dtype=q.dtype)
             # 4-D contiguous inputs with expanded KV heads take SDPA's fast CPU kernel.
             o = F.scaled_dot_product_attention(
                 q[start:end].transpose(0, 1).unsqueeze(0).contiguous(),
