@@ -88,11 +88,15 @@ class HostStaging:
             self._bufs[name] = buf
         return buf[:numel]
 
-    def put(self, name: str, values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        """``values`` → device, through this buffer (non-blocking)."""
+    def put(
+        self, name: str, values: np.ndarray, dtype: torch.dtype, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``values`` → device, through this buffer (non-blocking): a new tensor, or ``out``."""
         host = self.get(name, values.size, dtype)
         host.numpy()[...] = values.reshape(-1)
-        return host.view(values.shape).to(self.device, non_blocking=True)
+        if out is None:
+            return host.view(values.shape).to(self.device, non_blocking=True)
+        return out.copy_(host.view(values.shape), non_blocking=True)
 
 
 class EmulatedGraph:

@@ -333,8 +333,11 @@ class ModelRunner:
         total, qsl, rows = gb.total, gb.qsl, gb.rows
         pw = self.piecewise if self.use_cuda_graphs else None
         bucket = pw.bucket(total) if pw is not None else None
-        if bucket is not None:
+        static: tuple[torch.Tensor | None, ...] = (None, None, None)
+        if bucket is not None:  # staged straight into the graphs' static inputs
+            assert pw is not None
             gb.pad(bucket)
+            static = pw.inputs(bucket)
         st, dev = self._staging, self.device
         meta = AttentionMetadata(
             num_tokens=total,
@@ -342,22 +345,22 @@ class ModelRunner:
             query_start_loc=st.put("qsl", qsl, torch.int32),
             seq_lens=st.put("seq_lens", gb.seq_lens, torch.int32),
             block_tables=gb.table.to(dev, non_blocking=True),
-            slot_mapping=st.put("slots", gb.slots, torch.int64),
+            slot_mapping=st.put("slots", gb.slots, torch.int64, out=static[2]),
             max_query_len=int(gb.counts.max()),
             max_seq_len=int(gb.seq_lens.max()),
             query_start_loc_cpu=qsl.tolist(),
             seq_lens_cpu=gb.seq_lens.tolist(),
         )
-        ids_dev = st.put("ids", gb.ids, torch.int64)
+        ids_dev = st.put("ids", gb.ids, torch.int64, out=static[0])
         self._patch(ids_dev, gb.dst, gb.src)
-        pos_dev = st.put("pos", gb.positions, torch.int64)
+        pos_dev = st.put("pos", gb.positions, torch.int64, out=static[1])
         last = st.put("last", qsl[1:][rows] - 1, torch.int64) if rows else None
         st.fence()
         if bucket is not None:
             assert pw is not None
             kv, attn = self.kv_caches, self.attn_backend
             attend = lambda i, q, k, v: attn.attend(q, k, v, kv[i], meta)  # noqa: E731
-            hidden = pw.run(bucket, ids_dev, pos_dev, meta.slot_mapping, attend)
+            hidden = pw.run(bucket, attend)
         else:
             hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
         if last is None:

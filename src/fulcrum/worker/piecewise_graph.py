@@ -133,20 +133,14 @@ class PiecewiseGraphs:
         self.capture_time = time.perf_counter() - t0
         return self.capture_time
 
-    def run(
-        self,
-        t: int,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        slots: torch.Tensor,
-        attend: Attend,
-    ) -> torch.Tensor:
-        """One step on bucket ``t``: ``ids``/``positions``/``slots`` are its ``t`` padded inputs
-        (device); ``attend`` must not write K/V (the segments did). Returns the hidden states
-        ``[t, hidden]`` (pool memory, valid until the next replay)."""
-        self.ids[:t].copy_(ids)
-        self.positions[:t].copy_(positions)
-        self.slots[:t].copy_(slots)
+    def inputs(self, t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The static (ids, positions, KV slots) of bucket ``t``, for the caller to fill."""
+        return self.ids[:t], self.positions[:t], self.slots[:t]
+
+    def run(self, t: int, attend: Attend) -> torch.Tensor:
+        """One step on bucket ``t`` over its filled ``inputs``; ``attend`` must not write K/V
+        (the segments did). Returns the hidden states ``[t, hidden]`` (pool memory, valid until
+        the next replay)."""
         graphs, outs = self.graphs[t], self.outputs[t]
         for i in range(self.num_layers):
             graphs[i].replay()
