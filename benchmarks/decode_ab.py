@@ -1,6 +1,7 @@
 """A/B of decode-step settings in one process: device time of a captured decode step under each
 setting -- BLAS library (cuBLAS, cuBLASLt), decode program order (request order, longest context
-first) and programmatic dependent launch of the Triton kernels (``kernels/pdl.py``) -- for
+first), programmatic dependent launch of the Triton kernels (``kernels/pdl.py``) and the L2
+weight prefetch of small decode steps (``model/layers/prefetch.py``, its byte budgets) -- for
 
     batch 1 at a 1,000-token context            (single-stream latency)
     batch 384 at contexts spread over 1,000-2,000  (the 1,000/1,000 steady state)
@@ -26,11 +27,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h200 as g  # noqa: E402
 from gpu_profile import _step_until  # noqa: E402
 
-SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL); the engine's default is "cublas+pdl"
-    "cublas": ("cublas", 64, False),
-    "cublas+pdl": ("cublas", 64, True),
-    "cublaslt+pdl": ("cublaslt", 64, True),
-    "cublas+pdl request-order": ("cublas", 10**9, True),
+MB = 1 << 20
+_NO_PREFETCH = {"o_proj": 0, "gate_up": 0, "down": 0, "qkv": 0}
+SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL, L2 prefetch budgets)
+    "cublas": ("cublas", 64, False, _NO_PREFETCH),
+    "cublas+pdl": ("cublas", 64, True, _NO_PREFETCH),
+    "cublaslt+pdl": ("cublaslt", 64, True, _NO_PREFETCH),
+    "cublas+pdl request-order": ("cublas", 10**9, True, _NO_PREFETCH),
+    "pdl+prefetch": ("cublas", 64, True, None),  # model/layers/prefetch.py's BUDGET
+    "pdl+prefetch o_proj": ("cublas", 64, True, {**_NO_PREFETCH, "o_proj": 40 * MB}),
+    "pdl+prefetch 8M": (
+        "cublas",
+        64,
+        True,
+        {"o_proj": 40 * MB, **dict.fromkeys(["gate_up", "down", "qkv"], 8 * MB)},
+    ),
+    "pdl+prefetch 32M": (
+        "cublas",
+        64,
+        True,
+        {"o_proj": 40 * MB, **dict.fromkeys(["gate_up", "down", "qkv"], 32 * MB)},
+    ),
 }
 
 
@@ -43,23 +60,27 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
 
     import fulcrum.attention.triton_backend as tb
     from fulcrum.kernels import pdl
+    from fulcrum.model.layers import prefetch
 
+    budget = dict(prefetch.BUDGET)
     default = (torch.backends.cuda.preferred_blas_library(), tb.ORDER_MIN_REQS, pdl.ENABLED)
     times: dict[str, list[float]] = {}
     for _ in range(rounds):
         for name in names:
-            lib, tb.ORDER_MIN_REQS, pdl.ENABLED = SETTINGS[name]
+            lib, tb.ORDER_MIN_REQS, pdl.ENABLED, b_set = SETTINGS[name]
+            prefetch.BUDGET.update(budget if b_set is None else b_set)
             torch.backends.cuda.preferred_blas_library(lib)
             times.setdefault(name, []).append(_graph_ms(runner, b))
     torch.backends.cuda.preferred_blas_library(default[0])
     _, tb.ORDER_MIN_REQS, pdl.ENABLED = default
+    prefetch.BUDGET.update(budget)
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=384)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=384, help="second batch size (0: batch 1 only)")
+    ap.add_argument("--rounds", type=int, default=3, help="timed replays per setting")
     ap.add_argument(
         "--settings",
         nargs="+",
@@ -86,6 +107,8 @@ def main() -> None:
     core.abort_requests(list(core.scheduler.requests))
     _step_until(core, lambda: not core.has_unfinished_requests())
 
+    if not args.batch:
+        return
     for _ in range(args.batch):
         add(rng.randrange(1000, 2000))
     _step_until(

@@ -5,6 +5,7 @@
     base      decode programs in request order (not longest context first)
     cublaslt  the engine with torch's cuBLASLt preferred for the GEMMs
     nopdl     the engine without programmatic dependent launch of its Triton kernels
+    noprefetch  the engine without the L2 weight prefetch of small decode steps
     pw        the engine with prefill/mixed steps of up to 1,024 tokens in piecewise CUDA graphs
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
@@ -54,6 +55,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         from fulcrum.kernels import pdl
 
         pdl.ENABLED = False
+    if name == "noprefetch":
+        from fulcrum.model.layers import prefetch
+
+        prefetch.ENABLED = False
     if name == "cublaslt":
         import torch
 
