@@ -54,3 +54,34 @@ def test_partial_rotary_leaves_tail() -> None:
     torch.testing.assert_close(out_k, ref_k, atol=1e-5, rtol=1e-5)
     assert torch.equal(out_q[..., 32:], tail)
     torch.testing.assert_close(out_q[0], ref_q[0])  # position 0 is the identity
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn])
+def test_rotary_with_kv_write_matches_rotary_then_cache(cache_dtype: torch.dtype) -> None:
+    """The fused path (rotate q and k, write rotated k and v into the paged cache) against the
+    two kernels it replaces: same q/k, same cache bytes; padding slots (-1) write nothing."""
+    from paged_batch import make_paged_batch
+
+    from fulcrum.kernels.reshape_and_cache import reshape_and_cache
+
+    g = torch.Generator().manual_seed(11)
+    hq, hkv, d = 6, 2, 64
+    cache, meta = make_paged_batch([9, 1, 23], [9, 1, 5], hkv, d, 4, num_pad_tokens=3, generator=g)
+    cache = (cache * 0.5).to(cache_dtype)
+    t = meta.num_tokens
+    qkv = torch.randn(t, hq + 2 * hkv, d, generator=g)
+    pos = torch.randint(0, 500, (t,), generator=g)
+    cs = _cos_sin_cache(512, d)
+
+    def views(x):
+        return x[:, :hq], x[:, hq : hq + hkv], x[:, hq + hkv :]
+
+    want_qkv, want_cache, before = qkv.clone(), cache.clone(), cache.clone()
+    q, k, v = views(want_qkv)
+    apply_rotary(q, k, pos, cs)
+    reshape_and_cache(k, v, want_cache, meta.slot_mapping)
+    q, k, v = views(qkv)
+    apply_rotary(q, k, pos, cs, kv_write=(v, cache, meta.slot_mapping))
+    assert torch.equal(qkv, want_qkv)
+    assert torch.equal(cache.view(torch.uint8), want_cache.view(torch.uint8))
+    assert not torch.equal(cache.view(torch.uint8), before.view(torch.uint8))  # it wrote

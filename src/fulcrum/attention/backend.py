@@ -21,6 +21,7 @@ Token ``p`` of request ``i`` lives in block ``block_tables[i, p // block_size]``
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -75,6 +76,22 @@ class AttentionBackend(ABC):
         self.write_kv(k, v, kv_cache, meta.slot_mapping)
         return self.attend(q, k, v, kv_cache, meta)
 
+    def rope_and_write_kv(
+        self,
+        rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]],
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary on ``q``/``k`` (``rope(positions, q, k)``), then :meth:`write_kv` of the
+        rotated ``k`` and ``v``; returns the rotated ``(q, k)``. A backend may fuse the two."""
+        q, k = rope(positions, q, k)
+        self.write_kv(k, v, kv_cache, slot_mapping)
+        return q, k
+
     @abstractmethod
     def write_kv(
         self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
@@ -115,7 +132,9 @@ def get_backend_cls(name: str, device: torch.device) -> type[AttentionBackend]:
     elif name == "triton":
         from fulcrum.attention import triton_backend  # noqa: F401
     if name not in _REGISTRY:
-        raise ValueError(f"attention_backend: unknown backend {name!r}; choose auto, torch, triton.")
+        raise ValueError(
+            f"attention_backend: unknown backend {name!r}; choose auto, torch, triton."
+        )
     return _REGISTRY[name]
 
 

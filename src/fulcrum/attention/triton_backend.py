@@ -2,7 +2,8 @@
 
 A step runs up to four launches (decode is two: split, then reduce)::
 
-    reshape_and_cache(k, v)            new K/V rows -> paged cache at slot_mapping
+    reshape_and_cache(k, v)            new K/V rows -> paged cache at slot_mapping (fused into
+                                       the rotary kernel when the model calls rope_and_write_kv)
     requests with query_len == 1:      decode_attention   split-KV over each context, then reduce
     requests with query_len > 1:       prefill_attention  causal, cached prefix + new chunk
 
@@ -22,6 +23,7 @@ from fulcrum.attention.backend import AttentionBackend, AttentionMetadata, regis
 from fulcrum.kernels.decode_attention import DecodeWorkspace, decode_attention
 from fulcrum.kernels.prefill_attention import prefill_attention, prefill_block_q, prefill_work
 from fulcrum.kernels.reshape_and_cache import reshape_and_cache
+from fulcrum.kernels.rotary import apply_rotary
 
 # One scratch per device, shared by every layer: layers run one after another on one stream.
 _WORKSPACES: dict[torch.device, DecodeWorkspace] = {}
@@ -57,6 +59,12 @@ class TritonAttentionBackend(AttentionBackend):
                 work = work.pin_memory().to(q.device, non_blocking=True)
             plan = meta.backend_cache["triton_plan"] = (has_decode, work if len(items) else None)
         return plan
+
+    def rope_and_write_kv(self, rope, positions, q, k, v, kv_cache, slot_mapping):
+        cos_sin = getattr(rope, "cos_sin_cache", None)
+        if cos_sin is None:
+            return super().rope_and_write_kv(rope, positions, q, k, v, kv_cache, slot_mapping)
+        return apply_rotary(q, k, positions, cos_sin, kv_write=(v, kv_cache, slot_mapping))
 
     def write_kv(
         self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor

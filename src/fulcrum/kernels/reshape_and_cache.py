@@ -23,6 +23,50 @@ from fulcrum.kv_cache.dtype import is_fp8, v_token_major, write_rows, write_v_ro
 
 
 @triton.jit
+def store_kv_row(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    t,
+    slot,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    FP8: tl.constexpr,
+    V_TOKEN_MAJOR: tl.constexpr,
+):
+    """Token ``t``'s K/V rows into cache slot ``slot`` (>= 0)."""
+    block = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM)
+    src_k = t.to(tl.int64) * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
+    src_v = t.to(tl.int64) * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
+    dst = block * stride_cb + off * stride_co + offs_h[:, None] * stride_ch + offs_d[None, :]
+    k = tl.load(k_ptr + src_k, mask=mask)
+    v = tl.load(v_ptr + src_v, mask=mask)
+    if FP8:  # saturate: out-of-range values would not survive the conversion
+        k = tl.clamp(k.to(tl.float32), -448.0, 448.0)
+        v = tl.clamp(v.to(tl.float32), -448.0, 448.0)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    if V_TOKEN_MAJOR:
+        head = offs_h[:, None] * HEAD_DIM + offs_d[None, :]
+        dst = block * stride_cb + head * BLOCK_SIZE + off
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _reshape_and_cache_kernel(
     k_ptr,
     v_ptr,
@@ -48,26 +92,32 @@ def _reshape_and_cache_kernel(
     pdl.wait(PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
-    if slot < 0:
-        return
-    block = slot // BLOCK_SIZE
-    off = slot % BLOCK_SIZE
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_DIM)
-    src_k = t.to(tl.int64) * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
-    src_v = t.to(tl.int64) * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
-    dst = block * stride_cb + off * stride_co + offs_h[:, None] * stride_ch + offs_d[None, :]
-    k = tl.load(k_ptr + src_k, mask=mask)
-    v = tl.load(v_ptr + src_v, mask=mask)
-    if FP8:  # saturate: out-of-range values would not survive the conversion
-        k = tl.clamp(k.to(tl.float32), -448.0, 448.0)
-        v = tl.clamp(v.to(tl.float32), -448.0, 448.0)
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    if V_TOKEN_MAJOR:
-        head = offs_h[:, None] * HEAD_DIM + offs_d[None, :]
-        dst = block * stride_cb + head * BLOCK_SIZE + off
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    if slot >= 0:
+        store_kv_row(
+            k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, t, slot, stride_kt, stride_kh, stride_vt,
+            stride_vh, stride_cb, stride_co, stride_ch, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
+            BLOCK_H, BLOCK_D, FP8, V_TOKEN_MAJOR,
+        )  # fmt: skip
+
+
+def cache_args(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> tuple[list, dict]:
+    """The strides and constexprs :func:`store_kv_row` takes for these tensors."""
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    assert v.shape == k.shape
+    assert k.stride(-1) == 1 and v.stride(-1) == 1, "head_dim must be contiguous"
+    k_cache = kv_cache[0]
+    assert k_cache.stride(-1) == 1, "cache head_dim must be contiguous"
+    strides = [k.stride(0), k.stride(1), v.stride(0), v.stride(1), *k_cache.stride()[:3]]
+    consts = dict(
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        FP8=is_fp8(kv_cache.dtype),
+        V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
+    )
+    return strides, consts
 
 
 def reshape_and_cache(
@@ -77,34 +127,20 @@ def reshape_and_cache(
     slot_mapping: torch.Tensor,  # [num_tokens] int64 (or int32); -1 = skip
 ) -> None:
     """Write ``k``/``v`` into ``kv_cache`` at ``slot_mapping`` (in place; slots < 0 skipped)."""
-    num_tokens, num_kv_heads, head_dim = k.shape
+    num_tokens = k.shape[0]
     if num_tokens == 0:
         return
-    assert v.shape == k.shape and slot_mapping.shape[0] >= num_tokens
-    assert k.stride(-1) == 1 and v.stride(-1) == 1, "head_dim must be contiguous"
-    k_cache, v_cache = kv_cache[0], kv_cache[1]
-    assert k_cache.stride(-1) == 1, "cache head_dim must be contiguous"
+    assert slot_mapping.shape[0] >= num_tokens
+    strides, consts = cache_args(k, v, kv_cache)
     m = pdl.mode(k, num_tokens)
     _reshape_and_cache_kernel[(num_tokens,)](
         k,
         v,
-        k_cache,
-        v_cache,
+        kv_cache[0],
+        kv_cache[1],
         slot_mapping,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_SIZE=kv_cache.shape[2],
-        BLOCK_H=triton.next_power_of_2(num_kv_heads),
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        FP8=is_fp8(kv_cache.dtype),
-        V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
+        *strides,
+        **consts,
         PDL=m,
         **pdl.launch_options(m),
     )

@@ -7,7 +7,9 @@ row splits into halves ``x1 = x[:R/2]``, ``x2 = x[R/2:R]``::
     out[:R/2]  = x1 * cos - x2 * sin
     out[R/2:R] = x2 * cos + x1 * sin        (= x * cos + rotate_half(x) * sin)
 
-One program per token rotates all its query and key heads; math in fp32.
+One program per token rotates all its query and key heads; math in fp32. Given the step's KV
+cache and slots, the same program then writes the token's rotated K and its V into the cache
+(what ``reshape_and_cache`` does), saving a launch per layer.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import triton
 import triton.language as tl
 
 from fulcrum.kernels import pdl
+from fulcrum.kernels.reshape_and_cache import cache_args, store_kv_row
 
 
 @triton.jit
@@ -54,12 +57,27 @@ def _rotary_kernel(
     stride_kt,
     stride_kh,
     stride_c,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_co,
+    stride_ch,
     NUM_Q_HEADS: tl.constexpr,
     NUM_K_HEADS: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    WRITE_KV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    FP8: tl.constexpr,
+    V_TOKEN_MAJOR: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl.wait(PDL)
@@ -71,6 +89,15 @@ def _rotary_kernel(
     sin = tl.load(cache_ptr + pos * stride_c + HALF + offs_r, mask=mask_r, other=0.0)[None, :]
     _rotate_rows(q_ptr, t * stride_qt, stride_qh, cos, sin, NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
     _rotate_rows(k_ptr, t * stride_kt, stride_kh, cos, sin, NUM_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
+    if WRITE_KV:
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if slot >= 0:
+            tl.debug_barrier()  # the rotated K rows (stored by other threads) are visible
+            store_kv_row(
+                k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, t, slot, stride_kt, stride_kh, stride_vt,
+                stride_vh, stride_cb, stride_co, stride_ch, NUM_K_HEADS, HEAD_DIM, BLOCK_SIZE,
+                BLOCK_HK, BLOCK_D, FP8, V_TOKEN_MAJOR,
+            )  # fmt: skip
 
 
 def apply_rotary(
@@ -78,10 +105,13 @@ def apply_rotary(
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     positions: torch.Tensor,  # [num_tokens] int64
     cos_sin_cache: torch.Tensor,  # [max_position, rotary_dim] float32: [cos | sin]
+    kv_write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate ``q`` and ``k`` in place by their tokens' positions; returns ``(q, k)``.
 
     ``q``/``k`` may be strided views (slices of a fused qkv output) with ``head_dim`` contiguous.
+    ``kv_write = (v, kv_cache, slot_mapping)`` also writes the rotated ``k`` and ``v`` into the
+    paged cache, as :func:`~fulcrum.kernels.reshape_and_cache.reshape_and_cache` would.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_k_heads = k.shape[1]
@@ -90,6 +120,17 @@ def apply_rotary(
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     if num_tokens == 0:
         return q, k
+    if kv_write is None:
+        v = k_cache = v_cache = slots = q  # unused
+        strides = [0] * 5
+        consts = dict(HEAD_DIM=head_dim, BLOCK_SIZE=1, BLOCK_D=1, FP8=False, V_TOKEN_MAJOR=False)
+    else:
+        v, cache, slots = kv_write
+        assert slots.shape[0] >= num_tokens
+        strides, consts = cache_args(k, v, cache)
+        strides = strides[2:]  # k's own strides are passed above
+        del consts["NUM_KV_HEADS"], consts["BLOCK_H"]
+        k_cache, v_cache = cache[0], cache[1]
     m = pdl.mode(q, num_tokens)
     _rotary_kernel[(num_tokens,)](
         q,
@@ -101,6 +142,13 @@ def apply_rotary(
         k.stride(0),
         k.stride(1),
         cos_sin_cache.stride(0),
+        v,
+        k_cache,
+        v_cache,
+        slots,
+        *strides,
+        WRITE_KV=kv_write is not None,
+        **consts,
         NUM_Q_HEADS=num_q_heads,
         NUM_K_HEADS=num_k_heads,
         HALF=rot // 2,

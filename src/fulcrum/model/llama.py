@@ -62,8 +62,9 @@ class Attention(nn.Module):
         self.rope = rope
         self.backend = backend
 
-    def project(self, x, positions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q ``[T, heads, D]`` and k, v ``[T, kv_heads, D]``, rotary applied."""
+    def project(self, x, positions, kv_cache, slot_mapping) -> tuple[torch.Tensor, ...]:
+        """q ``[T, heads, D]`` and k, v ``[T, kv_heads, D]``, rotary applied; this step's K/V
+        rows written into ``kv_cache`` at ``slot_mapping``."""
         a = self.a
         qkv = self.qkv_proj(x)
         prefetch_weight(self.o_proj, x, "o_proj")
@@ -71,11 +72,12 @@ class Attention(nn.Module):
         q = q.view(-1, a.num_heads, a.head_dim)
         k = k.view(-1, a.num_kv_heads, a.head_dim)
         v = v.view(-1, a.num_kv_heads, a.head_dim)
-        q, k = self.rope(positions, q, k)
+        q, k = self.backend.rope_and_write_kv(self.rope, positions, q, k, v, kv_cache, slot_mapping)
         return q, k, v
 
     def forward(self, x, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        o = self.backend.forward(*self.project(x, positions), kv_cache, meta)
+        q, k, v = self.project(x, positions, kv_cache, meta.slot_mapping)
+        o = self.backend.attend(q, k, v, kv_cache, meta)
         return self.o_proj(o.reshape(-1, self.q_size))
 
 
@@ -111,10 +113,10 @@ class DecoderLayer(nn.Module):
         return self.input_layernorm(x, residual)
 
     # The layer in two halves around attention, for CUDA graphs captured piecewise.
-    def before_attention(self, x, residual, positions):
-        """``(q, k, v, residual)`` of this layer's input."""
+    def before_attention(self, x, residual, positions, kv_cache, slot_mapping):
+        """``(q, k, v, residual)`` of this layer's input (its K/V rows written)."""
         h, residual = self._norm_in(x, residual)
-        return (*self.self_attn.project(h, positions), residual)
+        return (*self.self_attn.project(h, positions, kv_cache, slot_mapping), residual)
 
     def after_attention(self, h, residual):
         """``(output, residual)`` from the attention rows ``h`` (after ``o_proj``)."""
@@ -142,16 +144,20 @@ class LlamaModel(nn.Module):
     #   segment 0        embed -> layer 0 before attention                   -> q, k, v, residual
     #   segment i (1..L-1)  layer i-1 after attention (o_proj of its rows) -> layer i before
     #   segment L        layer L-1 after attention -> final norm                -> hidden states
-    # with each layer's attention (reading q, k, v; writing rows ``o``) between them.
-    def segment(self, i: int, positions, input_ids=None, o=None, residual=None):
+    # with each layer's attention (reading q, k, v and the cache; writing rows ``o``) between
+    # them. Segment i < L writes layer i's K/V rows into ``kv_cache`` at ``slots``.
+    def segment(
+        self, i: int, positions, slots, kv_cache=None, input_ids=None, o=None, residual=None
+    ):
         if i == 0:
-            return self.layers[0].before_attention(self.embed_tokens(input_ids), None, positions)
+            x = self.embed_tokens(input_ids)
+            return self.layers[0].before_attention(x, None, positions, kv_cache, slots)
         prev = self.layers[i - 1]
         x, residual = prev.after_attention(
             prev.self_attn.o_proj(o.reshape(-1, prev.self_attn.q_size)), residual
         )
         if i < len(self.layers):
-            return self.layers[i].before_attention(x, residual, positions)
+            return self.layers[i].before_attention(x, residual, positions, kv_cache, slots)
         x, _ = self.norm(x, residual)
         return x
 

@@ -232,10 +232,9 @@ class ModelRunner:
         most = self.config.scheduler_config.max_num_batched_tokens  # no step has more tokens
         sizes = token_buckets(min(self.config.piecewise_graph_max_tokens, most))
         mc = self.config.model_config
-        kv, attn = self.kv_caches, self.attn_backend
         pw = PiecewiseGraphs(
             body,
-            lambda i, k, v, slots: attn.write_kv(k, v, kv[i], slots),
+            self.kv_caches,
             sizes,
             mc.hf_config.num_attention_heads,
             mc.head_dim,

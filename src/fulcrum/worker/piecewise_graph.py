@@ -34,8 +34,6 @@ from fulcrum.worker.cuda_graph import EmulatedGraph
 
 # attend(layer, q, k, v) -> attention rows [T, heads, head_dim] for this step's requests
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-# write_kv(layer, k, v, slots): the rows into that layer's KV cache (slot -1: not written)
-WriteKV = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 def token_buckets(max_tokens: int) -> list[int]:
@@ -53,7 +51,7 @@ class PiecewiseGraphs:
     def __init__(
         self,
         model: torch.nn.Module,  # a LlamaModel: ``segment`` and ``layers``
-        write_kv: WriteKV,
+        kv_caches: list[torch.Tensor],
         sizes: list[int],
         num_heads: int,
         head_dim: int,
@@ -62,7 +60,7 @@ class PiecewiseGraphs:
         emulate: bool = False,
     ) -> None:
         self.model = model
-        self.write_kv = write_kv
+        self.kv_caches = kv_caches
         self.num_layers = len(model.layers)
         self.sizes = sorted(sizes)
         self.max_tokens = self.sizes[-1]
@@ -91,17 +89,16 @@ class PiecewiseGraphs:
         residual = prev[3] if prev is not None else None
         if i == self.num_layers:
             return lambda: (
-                model.segment(i, self.positions[:t], o=self.attn_out[:t], residual=residual),
+                model.segment(
+                    i, self.positions[:t], self.slots[:t], o=self.attn_out[:t], residual=residual
+                ),
             )
 
         def run() -> tuple[torch.Tensor, ...]:
-            pos = self.positions[:t]
+            pos, slots, kv = self.positions[:t], self.slots[:t], self.kv_caches[i]
             if i == 0:
-                q, k, v, res = model.segment(0, pos, input_ids=self.ids[:t])
-            else:
-                q, k, v, res = model.segment(i, pos, o=self.attn_out[:t], residual=residual)
-            self.write_kv(i, k, v, self.slots[:t])
-            return q, k, v, res
+                return model.segment(0, pos, slots, kv, input_ids=self.ids[:t])
+            return model.segment(i, pos, slots, kv, o=self.attn_out[:t], residual=residual)
 
         return run
 
