@@ -1,7 +1,8 @@
 """A/B of decode-step settings in one process: device time of a captured decode step under each
 setting -- BLAS library (cuBLAS, cuBLASLt), decode program order (request order, longest context
 first), programmatic dependent launch of the Triton kernels (``kernels/pdl.py``) and the L2
-weight prefetch of small decode steps (``model/layers/prefetch.py``, its byte budgets) -- for
+weight prefetch of small decode steps (``model/layers/prefetch.py``, its byte budgets), rotary
+fused with the KV write or not -- for
 
     batch 1 at a 1,000-token context            (single-stream latency)
     batch 384 at contexts spread over 1,000-2,000  (the 1,000/1,000 steady state)
@@ -35,6 +36,7 @@ SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL, L2 prefetch budgets)
     "cublaslt+pdl": ("cublaslt", 64, True, _NO_PREFETCH),
     "cublas+pdl request-order": ("cublas", 10**9, True, _NO_PREFETCH),
     "pdl+prefetch": ("cublas", 64, True, None),  # model/layers/prefetch.py's BUDGET
+    "pdl+prefetch unfused-rope": ("cublas", 64, True, None),  # rotary, then reshape_and_cache
     "pdl+prefetch o_proj": ("cublas", 64, True, {**_NO_PREFETCH, "o_proj": 40 * MB}),
     "pdl+prefetch 8M": (
         "cublas",
@@ -68,12 +70,14 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     for _ in range(rounds):
         for name in names:
             lib, tb.ORDER_MIN_REQS, pdl.ENABLED, b_set = SETTINGS[name]
+            tb.FUSE_ROPE_KV = "unfused-rope" not in name
             prefetch.BUDGET.update(budget if b_set is None else b_set)
             torch.backends.cuda.preferred_blas_library(lib)
             times.setdefault(name, []).append(_graph_ms(runner, b))
     torch.backends.cuda.preferred_blas_library(default[0])
     _, tb.ORDER_MIN_REQS, pdl.ENABLED = default
     prefetch.BUDGET.update(budget)
+    tb.FUSE_ROPE_KV = True
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 
