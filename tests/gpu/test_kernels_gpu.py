@@ -158,6 +158,22 @@ def test_reshape_and_cache_llama8b(dtype: torch.dtype) -> None:
     reshape_and_cache_ref(k, v, ref, meta.slot_mapping)
     assert torch.equal(cache, ref)
 
+    # Rotary fused with the write (the Triton backend's rope_and_write_kv), bf16/fp32 and FP8.
+    for kv_dtype in (dtype, FP8):
+        t = meta.num_tokens
+        qkv = torch.randn(t, HQ + 2 * HKV, D, device="cuda", dtype=dtype)
+        pos = torch.randint(0, 8192, (t,), device="cuda")
+        cs = torch.randn(8192, D, device="cuda")
+        fused, unfused = cache.to(kv_dtype), cache.to(kv_dtype)
+        want = qkv.clone()
+        q, k, v = want[:, :HQ], want[:, HQ : HQ + HKV], want[:, HQ + HKV :]
+        apply_rotary(q, k, pos, cs)
+        reshape_and_cache(k, v, unfused, meta.slot_mapping)
+        q, k, v = qkv[:, :HQ], qkv[:, HQ : HQ + HKV], qkv[:, HQ + HKV :]
+        apply_rotary(q, k, pos, cs, kv_write=(v, fused, meta.slot_mapping))
+        assert torch.equal(qkv, want)
+        assert torch.equal(fused.view(torch.uint8), unfused.view(torch.uint8))
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pointwise_kernels_llama8b(dtype: torch.dtype) -> None:
