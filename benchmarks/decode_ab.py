@@ -1,7 +1,6 @@
 """A/B of decode-step settings in one process: device time of a captured decode step under each
 setting -- BLAS library (cuBLAS, cuBLASLt), decode program order (request order, longest context
-first), programmatic dependent launch of the Triton kernels (``kernels/pdl.py``) and the L2
-weight prefetch of small decode steps (``model/layers/prefetch.py``, its byte budgets), rotary
+first), programmatic dependent launch of the Triton kernels (``kernels/pdl.py``) and rotary
 fused with the KV write or not -- for
 
     batch 1 at a 1,000-token context            (single-stream latency)
@@ -28,28 +27,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h200 as g  # noqa: E402
 from gpu_profile import _step_until  # noqa: E402
 
-MB = 1 << 20
-_NO_PREFETCH = {"o_proj": 0, "gate_up": 0, "down": 0, "qkv": 0}
-SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL, L2 prefetch budgets)
-    "cublas": ("cublas", 64, False, _NO_PREFETCH),
-    "cublas+pdl": ("cublas", 64, True, _NO_PREFETCH),
-    "cublaslt+pdl": ("cublaslt", 64, True, _NO_PREFETCH),
-    "cublas+pdl request-order": ("cublas", 10**9, True, _NO_PREFETCH),
-    "pdl+prefetch": ("cublas", 64, True, None),  # model/layers/prefetch.py's BUDGET
-    "pdl+prefetch unfused-rope": ("cublas", 64, True, None),  # rotary, then reshape_and_cache
-    "pdl+prefetch o_proj": ("cublas", 64, True, {**_NO_PREFETCH, "o_proj": 40 * MB}),
-    "pdl+prefetch 8M": (
-        "cublas",
-        64,
-        True,
-        {"o_proj": 40 * MB, **dict.fromkeys(["gate_up", "down", "qkv"], 8 * MB)},
-    ),
-    "pdl+prefetch 32M": (
-        "cublas",
-        64,
-        True,
-        {"o_proj": 40 * MB, **dict.fromkeys(["gate_up", "down", "qkv"], 32 * MB)},
-    ),
+SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL, rotary fused with the KV write)
+    "cublas": ("cublas", 64, False, True),
+    "cublas+pdl": ("cublas", 64, True, True),
+    "cublaslt+pdl": ("cublaslt", 64, True, True),
+    "cublas+pdl request-order": ("cublas", 10**9, True, True),
+    "cublas+pdl unfused-rope": ("cublas", 64, True, False),  # rotary, then reshape_and_cache
 }
 
 
@@ -62,21 +45,16 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
 
     import fulcrum.attention.triton_backend as tb
     from fulcrum.kernels import pdl
-    from fulcrum.model.layers import prefetch
 
-    budget = dict(prefetch.BUDGET)
     default = (torch.backends.cuda.preferred_blas_library(), tb.ORDER_MIN_REQS, pdl.ENABLED)
     times: dict[str, list[float]] = {}
     for _ in range(rounds):
         for name in names:
-            lib, tb.ORDER_MIN_REQS, pdl.ENABLED, b_set = SETTINGS[name]
-            tb.FUSE_ROPE_KV = "unfused-rope" not in name
-            prefetch.BUDGET.update(budget if b_set is None else b_set)
+            lib, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV = SETTINGS[name]
             torch.backends.cuda.preferred_blas_library(lib)
             times.setdefault(name, []).append(_graph_ms(runner, b))
     torch.backends.cuda.preferred_blas_library(default[0])
     _, tb.ORDER_MIN_REQS, pdl.ENABLED = default
-    prefetch.BUDGET.update(budget)
     tb.FUSE_ROPE_KV = True
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 

@@ -5,8 +5,7 @@
     base      decode programs in request order (not longest context first)
     cublaslt  the engine with torch's cuBLASLt preferred for the GEMMs
     nopdl     the engine without programmatic dependent launch of its Triton kernels
-    noprefetch  the engine without the L2 weight prefetch of small decode steps
-    pw        the engine with prefill/mixed steps of up to 1,024 tokens in piecewise CUDA graphs
+    nopw      the engine without piecewise CUDA graphs for prefill/mixed steps (eager)
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
               (block_n,num_warps,num_stages[,maxnreg])
@@ -49,16 +48,12 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         import fulcrum.attention.triton_backend as tb
 
         tb.ORDER_MIN_REQS = 10**9
-    if name == "pw":
-        engine["piecewise_graph_max_tokens"] = 1024
+    if name == "nopw":
+        engine["piecewise_graph_max_tokens"] = 0
     if name == "nopdl":
         from fulcrum.kernels import pdl
 
         pdl.ENABLED = False
-    if name == "noprefetch":
-        from fulcrum.model.layers import prefetch
-
-        prefetch.ENABLED = False
     if name == "cublaslt":
         import torch
 

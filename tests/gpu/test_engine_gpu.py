@@ -79,18 +79,16 @@ def test_graph_replay_matches_eager(
 ) -> None:
     """19 requests with different output lengths: the batch shrinks through several buckets.
     Reference: eager, one step at a time, decode programs in request order, plain kernel launches;
-    checked: graphs with asynchronous scheduling, programmatic dependent launch and L2 weight
-    prefetches (on Hopper) and, from batch 8, decode programs longest context first (the device
-    sort captured in the graphs)."""
-    from fulcrum.kernels import l2_prefetch, pdl
-    from fulcrum.model.layers import prefetch
+    checked: graphs with asynchronous scheduling, programmatic dependent launch (on Hopper) and,
+    from batch 8, decode programs longest context first (the device sort captured in the
+    graphs)."""
+    from fulcrum.kernels import pdl
 
     prompts = _prompts(19, 320, seed=1)
     max_tokens = [8 + 3 * i for i in range(19)]
     logprobs = None if dtype == "float32" else TOP
 
     monkeypatch.setattr(pdl, "ENABLED", False)
-    monkeypatch.setattr(prefetch, "ENABLED", False)
     eager = _engine(tiny_llama, dtype, eager=True, async_scheduling="off")
     assert eager.core.runner.graphs is None
     ref, ref_top = _generate(eager, prompts, max_tokens, logprobs)
@@ -98,19 +96,14 @@ def test_graph_replay_matches_eager(
     gc.collect()
 
     monkeypatch.setattr(pdl, "ENABLED", True)
-    monkeypatch.setattr(prefetch, "ENABLED", True)
-    hopper = torch.cuda.get_device_capability()[0] >= 9
-    if hopper:
+    if torch.cuda.get_device_capability()[0] >= 9:
         assert pdl.mode(torch.empty(1, device="cuda"), 1) == pdl.EARLY
-    launches = l2_prefetch.launches
     monkeypatch.setattr("fulcrum.attention.triton_backend.ORDER_MIN_REQS", 8)
     llm = _engine(tiny_llama, dtype, eager=False)
     assert llm.core.async_scheduling
     runner = llm.core.runner
     assert runner.use_cuda_graphs and runner.graphs is not None
     assert runner.graphs.sizes == [1, 2, 4, 8, 16, 24]
-    if hopper:  # the graphs of batches up to 8 carry weight prefetches
-        assert l2_prefetch.launches > launches
     got, got_top = _generate(llm, prompts, max_tokens, logprobs)
     assert runner.graphs.num_replays >= max(max_tokens) - 1
     assert [len(t) for t in got] == max_tokens

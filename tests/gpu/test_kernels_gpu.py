@@ -260,31 +260,3 @@ def test_pdl_modes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert pdl.mode(x, sms + 1) == pdl.WAIT
     monkeypatch.setattr(pdl, "ENABLED", False)
     assert pdl.mode(x, 1) == pdl.OFF
-
-
-def test_l2_prefetch_is_only_a_hint() -> None:
-    """Prefetches of whole, partial, unaligned and oversized ranges (eagerly and captured in a
-    CUDA graph ahead of a GEMV) leave every value as it was."""
-    from fulcrum.kernels import l2_prefetch
-
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("cp.async.bulk.prefetch needs Hopper or later")
-    assert l2_prefetch.supported(torch.empty(1, device="cuda"))
-    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
-    w0, want = w.clone(), x @ w.T
-    sizes = [None, 1 << 20, 1000, 7, 0, 1 << 30]
-    for n in sizes:
-        l2_prefetch.prefetch(w, n)
-    l2_prefetch.prefetch(w[1:], 4096, chunk=4096)  # an offset start
-    torch.cuda.synchronize()
-    out = torch.empty_like(want)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for n in sizes:
-            l2_prefetch.prefetch(w, n)
-            torch.matmul(x, w.T, out=out)
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(w, w0)
-    torch.testing.assert_close(out, want)

@@ -41,7 +41,8 @@ _HELP = {
     "bookkeeping behind the GPU): auto (on with CUDA), on, off.",
     "piecewise_graph_max_tokens": "Run prefill and mixed steps of up to this many tokens through "
     "CUDA graphs captured per token bucket around attention, which runs eagerly in between "
-    "(cuts the host's launch work for short prompts; 0: off).",
+    "(cuts the host's launch work for short prompts: an 8B model's 128-token prompt answers in "
+    "~6 ms instead of ~13 on an H200; CUDA only, not with --enforce-eager; 0: off).",
 }
 
 
@@ -66,7 +67,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     enforce_eager: bool = False
     async_scheduling: str = "auto"
-    piecewise_graph_max_tokens: int = 0
+    piecewise_graph_max_tokens: int = 1024
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

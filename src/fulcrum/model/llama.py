@@ -15,7 +15,6 @@ from torch import nn
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
 from fulcrum.model.layers.activation import silu_and_mul
 from fulcrum.model.layers.norm import RMSNorm
-from fulcrum.model.layers.prefetch import prefetch_weight
 from fulcrum.model.layers.rotary import RotaryEmbedding
 
 
@@ -66,9 +65,7 @@ class Attention(nn.Module):
         """q ``[T, heads, D]`` and k, v ``[T, kv_heads, D]``, rotary applied; this step's K/V
         rows written into ``kv_cache`` at ``slot_mapping``."""
         a = self.a
-        qkv = self.qkv_proj(x)
-        prefetch_weight(self.o_proj, x, "o_proj")
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, a.num_heads, a.head_dim)
         k = k.view(-1, a.num_kv_heads, a.head_dim)
         v = v.view(-1, a.num_kv_heads, a.head_dim)
@@ -88,9 +85,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        prefetch_weight(self.down_proj, x, "down")
-        return self.down_proj(silu_and_mul(gate_up))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -107,7 +102,6 @@ class DecoderLayer(nn.Module):
         return self.after_attention(h, residual)
 
     def _norm_in(self, x, residual):
-        prefetch_weight(self.self_attn.qkv_proj, x, "qkv")
         if residual is None:
             return self.input_layernorm(x), x
         return self.input_layernorm(x, residual)
@@ -120,7 +114,6 @@ class DecoderLayer(nn.Module):
 
     def after_attention(self, h, residual):
         """``(output, residual)`` from the attention rows ``h`` (after ``o_proj``)."""
-        prefetch_weight(self.mlp.gate_up_proj, h, "gate_up")
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
