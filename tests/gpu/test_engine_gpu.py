@@ -168,8 +168,10 @@ def _hf_greedy_top(model_dir: str, prompts: list[list[int]], max_new: int):
 def _check_against_hf(model_dir: str, prompts: list[list[int]], max_new: int) -> None:
     ref, ref_top = _hf_greedy_top(model_dir, prompts, max_new)
     llm = LLM(model_dir, device="cuda", dtype="bfloat16", num_kv_blocks=2048, max_num_seqs=16)
-    assert llm.core.runner.use_cuda_graphs
+    # The defaults: decode graphs, and prefill steps through the piecewise graphs.
+    assert llm.core.runner.use_cuda_graphs and llm.core.runner.piecewise is not None
     got, got_top = _generate(llm, prompts, [max_new] * len(prompts), TOP)
+    assert llm.core.runner.piecewise.num_replays > 0
     for i in range(len(prompts)):
         assert len(got[i]) == max_new
         assert_first_divergence_in_top(got[i], got_top[i], ref[i], ref_top[i], f"prompt {i}")
@@ -213,6 +215,8 @@ def test_fp8_kv_cache_close_to_transformers_tiny(tiny_llama: str) -> None:
         max_num_batched_tokens=64,
     )
     assert llm.core.runner.kv_caches[0].dtype == torch.float8_e4m3fn
+    assert llm.core.runner.piecewise is not None  # prefill chunks of <= 64 tokens: graphs
     got, got_top = _generate(llm, prompts, [24] * len(prompts), TOP)
+    assert llm.core.runner.piecewise.num_replays > 0
     for i in range(len(prompts)):
         assert_first_divergence_in_top(got[i], got_top[i], ref[i], ref_top[i], f"prompt {i}")
