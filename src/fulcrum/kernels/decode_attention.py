@@ -66,7 +66,10 @@ INTERPRET_CONFIG: dict[str, int] = {"block_n": 16, "num_warps": 4, "num_stages":
 
 # The split count and the strides that scale with it are runtime values that Triton must not
 # specialise on: a CUDA graph per batch bucket would otherwise compile a variant per count.
-@triton.jit(do_not_specialize=["num_splits", "stride_plh"])
+# The block-table row stride is 1 in the start-up profiling step, a multiple of 16 in the decode
+# graphs and anything in eager steps (the widest request's block count): unspecialised, one
+# compiled variant serves them all instead of a compile at the first few requests.
+@triton.jit(do_not_specialize=["num_splits", "stride_plh", "stride_bt"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,

@@ -73,7 +73,9 @@ def _gpu_config(device_index: int, head_dim: int, elem_size: int) -> dict[str, i
     return FP8_GPU_CONFIG if elem_size == 1 else GPU_CONFIG
 
 
-@triton.jit
+# Not specialised on the block-table row stride (1 at start-up profiling, the widest request's
+# block count in a step): one compiled variant, none compiled while serving.
+@triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,
