@@ -239,7 +239,10 @@ def prefill_attention(
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     grid = (work.shape[0], num_kv_heads)
     fp16 = FP8_TO_FP16 and q.is_cuda and is_fp8(kv_cache.dtype)
-    m = pdl.mode(q, grid[0] * grid[1])
+    # Never EARLY: the mode is a compile-time constant, and a grid that crosses the SM count
+    # with the prompt's length would compile a second variant at the first long prompt; the
+    # kernel after this one is a cuBLAS GEMM, which an early release would not start anyway.
+    m = min(pdl.mode(q, grid[0] * grid[1]), pdl.WAIT)
     _prefill_kernel[grid](
         q,
         k_cache,
