@@ -140,6 +140,31 @@ def test_piecewise_prefill_graphs_match_eager(tiny_llama: str, dtype: str) -> No
             assert_first_divergence_in_top(got[i], got_top[i], ref[i], ref_top[i], f"request {i}")
 
 
+def test_no_kernel_compiles_after_start_up(
+    tiny_llama: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start-up (KV profiling, decode and piecewise graph capture) compiles every Triton kernel
+    variant that serving needs: prompts of many lengths, chunked prefill and mixed steps at
+    several batch sizes launch no variant the process has not seen (a compile there would stall
+    a user's request for a second)."""
+    from triton import knobs
+
+    seen: list[str] = []
+
+    def hook(**kw) -> bool:
+        seen.append(kw["repr"])
+        return False
+
+    llm = _engine(tiny_llama, "bfloat16", eager=False, piecewise=256)
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", hook)
+    g = torch.Generator().manual_seed(4)
+    lens = [3, 17, 250, 480, 33, 129, *torch.randint(1, 300, (19,), generator=g).tolist()]
+    prompts = [torch.randint(5, 320, (m,), generator=g).tolist() for m in lens]
+    for batch in (prompts[:1], prompts[3:4], prompts):
+        _generate(llm, batch, [1 + 3 * (i % 5) for i in range(len(batch))], None)
+    assert not seen, f"{len(seen)} kernel variants compiled while serving: {seen}"
+
+
 def _hf_greedy_top(model_dir: str, prompts: list[list[int]], max_new: int):
     from transformers import AutoModelForCausalLM
 
