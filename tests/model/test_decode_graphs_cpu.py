@@ -83,3 +83,29 @@ def test_token_buckets():
     assert token_buckets(40) == [8, 16, 32, 40]
     assert token_buckets(1024) == [8, 16, 32, 64, 128, 256, 512, 768, 1024]
     assert token_buckets(1100) == [8, 16, 32, 64, 128, 256, 512, 768, 1024, 1100]
+
+
+def test_failed_capture_leaves_those_steps_eager(tiny_models, monkeypatch, caplog):
+    """A graph capture that fails (out of memory in the graphs' pool, say) is an optimisation
+    lost, not an engine lost: a warning, and those steps run eagerly with the same tokens."""
+    import torch
+
+    from fulcrum.worker.piecewise_graph import PiecewiseGraphs
+
+    rng = random.Random(8)
+    prompts = [[rng.randrange(3, 320) for _ in range(rng.randrange(3, 30))] for _ in range(3)]
+    kw = dict(device="cpu", dtype="float32", attention_backend="triton", max_num_seqs=4,
+              max_num_batched_tokens=40)  # fmt: skip
+    want = _greedy(LLM(tiny_models["llama"], **kw), prompts, [5, 6, 7])
+
+    def oom(self):
+        raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+    monkeypatch.setattr(PiecewiseGraphs, "capture", oom)
+    llm = LLM(tiny_models["llama"], piecewise_graph_max_tokens=40, **kw)
+    runner = llm.core.runner
+    with caplog.at_level("WARNING", logger="fulcrum.worker.model_runner"):
+        runner.capture_piecewise(emulate=True)
+    assert runner.piecewise is None and not runner.use_cuda_graphs
+    assert "capture (piecewise prefill) failed" in caplog.text
+    assert _greedy(llm, prompts, [5, 6, 7]) == want
