@@ -7,7 +7,9 @@ Phases run as separate processes, each with a time cap (a phase that runs out st
 so): ``tests`` (tests/gpu), ``fulcrum`` (single-stream ITL with and without CUDA graphs and
 asynchronous scheduling, TTFT, 128/128, 64 x 1000/128, 2048/128, 1000/1000), ``fp8`` (the same
 engine with an FP8 KV cache and 512 sequences: ITL and 1000/1000), ``hf`` (transformers
-``generate`` static batch and ``generate_batch``), ``cold`` (process start to first token).
+``generate`` static batch and ``generate_batch``), ``cold`` (process start to first token);
+on request (``--only``): ``fp8w`` (FP8 weights and KV cache: ITL, TTFT, 1000/1000) and
+``fp8w70b`` (Llama-3.3-70B in FP8: ITL and 256 x 1000/1000).
 Every result is a ``RESULT {json}`` line in DIR/<phase>.log; all of them end in DIR/bench.json.
 
 Floors (H200: 4.28 TB/s copy, 790 TFLOP/s bf16): a decode step of batch B at mean context C
@@ -37,14 +39,42 @@ ENGINE = dict(
     max_num_batched_tokens=8192,
 )
 FP8_MAX_NUM_SEQS = 512  # the FP8-KV phase (throughput_ab.py --max-num-seqs: 384 vs 512)
+# FP8-weight phases: the model, its engine settings, and the bytes a decode step reads at least
+# (FP8 projections + the bf16 LM head; FP8 KV bytes per token: layers x kv heads x head_dim x 2).
+FP8W = {
+    "fp8w": dict(
+        model="llama-3.1-8b",
+        weight_bytes=6.98e9 + 1.05e9,
+        kv_bytes=65536,
+        params=7.5e9,
+        engine=dict(quantization="fp8", kv_cache_dtype="fp8", max_num_seqs=512),
+        long=(1000, 1000, 1000),
+    ),
+    "fp8w70b": dict(
+        model="llama-3.3-70b",
+        weight_bytes=68.45e9 + 2.1e9,
+        kv_bytes=163840,
+        params=70.6e9,
+        engine=dict(quantization="fp8", kv_cache_dtype="fp8", max_num_seqs=128),
+        long=(256, 1000, 1000),
+    ),
+}
 # FULCRUM_BENCH_SMOKE=N: a CPU dry run of the fulcrum phase (SmolLM2 shape, workloads / N).
 SMOKE = int(os.environ.get("FULCRUM_BENCH_SMOKE", "0"))
 if SMOKE:
     MODEL = "smollm2-135m"
     ENGINE = dict(
-        ENGINE, dtype="float32", device="cpu", max_model_len=512, max_num_seqs=64,
-        max_num_batched_tokens=1024, kv_cache_memory=1.0,
+        ENGINE,
+        dtype="float32",
+        device="cpu",
+        max_model_len=512,
+        max_num_seqs=64,
+        max_num_batched_tokens=1024,
+        kv_cache_memory=1.0,
     )
+
+
+LONG = (1000, 1000, 1000)  # requests, input, output of bench_long_throughput
 
 
 def decode_floor_s(batch: int, mean_ctx: float) -> float:
@@ -222,12 +252,14 @@ def _gpu_memory() -> dict:
     }
 
 
-def phase_fulcrum(cap: float, kv_cache_dtype: str = "auto") -> None:
-    """The bf16 engine (all sections), or with an FP8 KV cache (latency and 1,000/1,000)."""
+def phase_fulcrum(cap: float, kv_cache_dtype: str = "auto", fp8w: str | None = None) -> None:
+    """The bf16 engine (all sections), with an FP8 KV cache (latency and 1,000/1,000), or one of
+    the FP8-weight setups of ``FP8W``."""
     import logging
 
     from fulcrum import LLM
 
+    global MODEL, WEIGHT_BYTES, KV_BYTES, PARAMS, LONG
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     t_end = time.perf_counter() + cap
     t0 = time.perf_counter()
@@ -236,6 +268,14 @@ def phase_fulcrum(cap: float, kv_cache_dtype: str = "auto") -> None:
         # Twice the tokens fit (1.79M): 512 sequences of 2,000 tokens run without preemption,
         # which a bf16 cache (0.89M tokens) cannot hold.
         engine["max_num_seqs"] = FP8_MAX_NUM_SEQS
+    if fp8w is not None:
+        setup = FP8W[fp8w]
+        engine.update(setup["engine"])
+        if not SMOKE:
+            MODEL, WEIGHT_BYTES, KV_BYTES = setup["model"], setup["weight_bytes"], setup["kv_bytes"]
+            PARAMS, LONG = setup["params"], setup["long"]
+        else:
+            engine["max_num_seqs"] = ENGINE["max_num_seqs"]
     llm = LLM(MODEL, **engine)
     runner = llm.core.runner
     emit(
@@ -248,7 +288,11 @@ def phase_fulcrum(cap: float, kv_cache_dtype: str = "auto") -> None:
     )
     drv = Driver(llm)
     fp8 = kv_cache_dtype != "auto"
-    sections = (bench_itl, bench_long_throughput) if fp8 else (bench_itl, bench_prefill, bench_throughput)
+    sections = (
+        (bench_itl, bench_long_throughput) if fp8 else (bench_itl, bench_prefill, bench_throughput)
+    )
+    if fp8w is not None:
+        sections = (bench_itl, bench_prefill, bench_long_throughput)
     for section in sections:
         try:
             section(drv, t_end)
@@ -331,8 +375,9 @@ def bench_long_throughput(drv: Driver, t_end: float) -> None:
 
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    r = drv.run(workload(1000, 1000, 1000, 7), t_end - 2)
-    emit("throughput", workload="1000/1000", **r, **_gpu_memory())
+    n, n_in, n_out = LONG
+    r = drv.run(workload(n, n_in, n_out, 7), t_end - 2)
+    emit("throughput", workload=f"{n} x {n_in}/{n_out}", **r, **_gpu_memory())
 
 
 # -- transformers -------------------------------------------------------------------------------
@@ -475,14 +520,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--deadline", type=float, default=500.0, help="whole run, seconds")
-    ap.add_argument("--phase", choices=["fulcrum", "fp8", "hf"], help=argparse.SUPPRESS)
+    ap.add_argument("--phase", choices=["fulcrum", "fp8", *FP8W, "hf"], help=argparse.SUPPRESS)
     ap.add_argument("--cap", type=float, default=200.0, help=argparse.SUPPRESS)
     ap.add_argument("--skip", default="", help="comma-separated phases to skip")
+    ap.add_argument(
+        "--only", default="", help="comma-separated phases to run (fp8w, fp8w70b run only so)"
+    )
     args = ap.parse_args()
     if args.phase == "fulcrum":
         return phase_fulcrum(args.cap)
     if args.phase == "fp8":
         return phase_fulcrum(args.cap, kv_cache_dtype="fp8")
+    if args.phase in FP8W:
+        return phase_fulcrum(args.cap, kv_cache_dtype="fp8", fp8w=args.phase)
     if args.phase == "hf":
         return phase_hf(args.cap)
     os.makedirs(args.out, exist_ok=True)
@@ -495,9 +545,11 @@ def main() -> None:
         ("fp8", [py, me, "--out", args.out, "--phase", "fp8"], 130.0),
         ("hf", [py, me, "--out", args.out, "--phase", "hf"], 80.0),
         ("cold", [py, "-c", COLD.format(model=MODEL, engine=ENGINE)], 70.0),
+        ("fp8w", [py, me, "--out", args.out, "--phase", "fp8w"], 200.0),
+        ("fp8w70b", [py, me, "--out", args.out, "--phase", "fp8w70b"], None),
     ]
-    skip = set(args.skip.split(","))
-    plan = [p for p in plan if p[0] not in skip]
+    skip, only = set(args.skip.split(",")), set(filter(None, args.only.split(",")))
+    plan = [p for p in plan if p[0] not in skip and (p[0] in only if only else p[0] not in FP8W)]
     results: list[dict] = [
         {"name": "meta", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv}
     ]
@@ -508,7 +560,7 @@ def main() -> None:
         if cap < 10:
             results.append({"name": f"{name}_exit", "rc": "skipped: out of time"})
             continue
-        if name in ("fulcrum", "fp8", "hf"):
+        if name in ("fulcrum", "fp8", "hf", *FP8W):
             cmd = [*cmd, "--cap", str(cap - 8)]
         results += run_phase(name, cmd, cap, args.out, {"T_SPAWN": repr(time.time())})
         with open(os.path.join(args.out, "bench.json"), "w") as fh:

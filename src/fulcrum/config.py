@@ -35,7 +35,9 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in _DTYPES:
-        raise ValueError(f"dtype: unknown dtype {dtype!r}; choose one of auto, {', '.join(sorted(_DTYPES))}.")
+        raise ValueError(
+            f"dtype: unknown dtype {dtype!r}; choose one of auto, {', '.join(sorted(_DTYPES))}."
+        )
     return _DTYPES[dtype]
 
 
@@ -51,6 +53,7 @@ class ModelConfig:
     dtype: torch.dtype
     max_model_len: int
     seed: int = 0
+    quantization: str | None = None  # weight format of the decoder's projections (quant/)
 
     @property
     def architecture(self) -> str:

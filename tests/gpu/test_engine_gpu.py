@@ -226,8 +226,18 @@ def test_logprobs_close_to_transformers_smollm2() -> None:
     _check_against_hf(model_dir, [tok(t).input_ids for t in texts], 32)
 
 
-def test_fp8_kv_cache_close_to_transformers_tiny(tiny_llama: str) -> None:
-    """bf16 weights with an FP8 KV cache (Triton kernels, CUDA graphs) against transformers."""
+@pytest.mark.parametrize(
+    ("kind", "extra"),
+    [("fp8 KV cache", dict(kv_cache_dtype="fp8")), ("fp8 weights", dict(quantization="fp8"))],
+)
+def test_fp8_close_to_transformers_tiny(tiny_llama: str, kind: str, extra: dict) -> None:
+    """bf16 weights with an FP8 KV cache (the Triton kernels' FP8 paths), or FP8 weights
+    (``--quantization fp8``: per-token FP8 activations, FP8 tensor-core GEMMs), with CUDA graphs
+    and the piecewise prefill graphs, against transformers in bf16."""
+    from fulcrum.quant.fp8 import Fp8Linear
+
+    if kind == "fp8 weights" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 tensor cores need compute capability 8.9+")
     prompts = _prompts(6, 320, seed=9)
     ref, ref_top = _hf_greedy_top(tiny_llama, prompts, 24)
     llm = LLM(
@@ -236,12 +246,16 @@ def test_fp8_kv_cache_close_to_transformers_tiny(tiny_llama: str) -> None:
         dtype="bfloat16",
         num_kv_blocks=2048,
         max_num_seqs=16,
-        kv_cache_dtype="fp8",
         max_num_batched_tokens=64,
+        **extra,
     )
-    assert llm.core.runner.kv_caches[0].dtype == torch.float8_e4m3fn
-    assert llm.core.runner.piecewise is not None  # prefill chunks of <= 64 tokens: graphs
+    runner = llm.core.runner
+    if kind == "fp8 weights":
+        assert isinstance(runner.model.model.layers[0].mlp.gate_up_proj, Fp8Linear)
+    else:
+        assert runner.kv_caches[0].dtype == torch.float8_e4m3fn
+    assert runner.use_cuda_graphs and runner.piecewise is not None  # chunks <= 64: graphs
     got, got_top = _generate(llm, prompts, [24] * len(prompts), TOP)
-    assert llm.core.runner.piecewise.num_replays > 0
+    assert runner.graphs.num_replays > 0 and runner.piecewise.num_replays > 0
     for i in range(len(prompts)):
         assert_first_divergence_in_top(got[i], got_top[i], ref[i], ref_top[i], f"prompt {i}")

@@ -260,3 +260,38 @@ def test_pdl_modes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert pdl.mode(x, sms + 1) == pdl.WAIT
     monkeypatch.setattr(pdl, "ENABLED", False)
     assert pdl.mode(x, 1) == pdl.OFF
+
+
+def test_fp8_weight_gemm_llama8b() -> None:
+    """Per-token FP8 quantization (Triton) and the FP8 linear layer at Llama-3.1-8B shapes:
+    the kernel against torch (the same e4m3 codes, the same scales), the layer against its
+    formula, eagerly and replayed from a CUDA graph."""
+    from fulcrum.kernels.quant_fp8 import per_token_quant_fp8, per_token_quant_fp8_ref
+    from fulcrum.quant.fp8 import Fp8Linear, quantize_rows
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 tensor cores need compute capability 8.9+")
+    _gen(13)
+    for t, k in ((1, 4096), (300, 4096), (7, 14336)):
+        x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16) * 3
+        q, s = per_token_quant_fp8(x)
+        rq, rs = per_token_quant_fp8_ref(x)
+        torch.testing.assert_close(s, rs, rtol=1e-6, atol=0)
+        diff = (q.float() - rq.float()).abs()
+        assert (diff > 0).float().mean() < 1e-3  # at most a rounding tie apart, rarely
+        assert (diff <= rq.float().abs() * 2**-3 + 2**-9).all()
+    w = torch.randn(6144, 4096, device="cuda") * 0.02
+    x = torch.randn(5, 4096, device="cuda", dtype=torch.bfloat16)
+    lin = Fp8Linear(4096, 6144, bias=False).cuda()
+    lin.weight_loader(w)
+    qw, sw = quantize_rows(w)
+    qx, sx = per_token_quant_fp8_ref(x)
+    want = ((qx.float() * sx) @ (qw.float() * sw[:, None]).T).to(torch.bfloat16)
+    torch.testing.assert_close(lin(x), want, rtol=2e-2, atol=2e-2)
+    out = lin(x)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = lin(x)
+    x.copy_(x * 2)
+    g.replay()
+    torch.testing.assert_close(out, lin(x), rtol=0, atol=0)

@@ -30,6 +30,10 @@ _HELP = {
     "kv_cache_memory": "KV-cache size in GiB (default on CPU: 2 GiB).",
     "gpu_memory_utilization": "Fraction of GPU memory fulcrum may use (weights + activations + KV).",
     "num_kv_blocks": "Exact number of KV-cache blocks (overrides the memory-based sizing).",
+    "quantization": "Weight quantization of the decoder's linear layers: none, or fp8 (float8 "
+    "e4m3 weights with a scale per output row, activations quantized per token, FP8 tensor-core "
+    "GEMMs: half the weight bytes; GPUs of compute capability 8.9+, or the CPU). Checkpoints in "
+    "full precision are quantized as they load.",
     "kv_cache_dtype": "KV-cache storage: auto (the model's dtype) or fp8 (float8 e4m3, scale 1.0: "
     "half the bytes per token, so twice the tokens fit and decode reads half as much KV).",
     "enable_prefix_caching": "Reuse KV of shared prompt prefixes across requests (radix cache).",
@@ -60,6 +64,7 @@ class EngineArgs:
     kv_cache_memory: float | None = None
     gpu_memory_utilization: float = 0.9
     num_kv_blocks: int | None = None
+    quantization: str = "none"
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     schedule_policy: str = "fcfs"
@@ -85,11 +90,16 @@ class EngineArgs:
                 continue
             base = str(f.type).split(" ")[0]
             typ = {"int": int, "float": float}.get(base, str)
-            choices = {"async_scheduling": ["auto", "on", "off"], "kv_cache_dtype": ["auto", "fp8"]}.get(
-                f.name
-            )
+            choices = {
+                "async_scheduling": ["auto", "on", "off"],
+                "kv_cache_dtype": ["auto", "fp8"],
+                "quantization": ["none", "fp8"],
+            }.get(f.name)
             g.add_argument(
-                flag, type=typ, default=default, choices=choices,
+                flag,
+                type=typ,
+                default=default,
+                choices=choices,
                 help=_HELP[f.name] + " (default: %(default)s)",
             )
         return parser
@@ -113,6 +123,11 @@ class EngineArgs:
                 "piecewise_graph_max_tokens must be 0 (off) or positive, got "
                 f"{self.piecewise_graph_max_tokens}."
             )
+        from fulcrum.quant import get_quant_method
+
+        quant = get_quant_method(self.quantization)  # unknown name: ValueError naming the field
+        if quant is not None:
+            quant.check_device(device)
         model_config = resolve_model_config(
             self.model,
             tokenizer=self.tokenizer,
@@ -121,6 +136,8 @@ class EngineArgs:
             max_model_len=self.max_model_len,
             seed=self.seed,
         )
+        if quant is not None:
+            model_config = dataclasses.replace(model_config, quantization=quant.name)
         cache_config = CacheConfig(
             block_size=self.block_size,
             kv_cache_memory=self.kv_cache_memory,

@@ -16,6 +16,13 @@ from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
 from fulcrum.model.layers.activation import silu_and_mul
 from fulcrum.model.layers.norm import RMSNorm
 from fulcrum.model.layers.rotary import RotaryEmbedding
+from fulcrum.quant.base import QuantMethod
+
+
+def _linear(in_features: int, out_features: int, bias: bool, quant: QuantMethod | None):
+    if quant is None:
+        return nn.Linear(in_features, out_features, bias=bias)
+    return quant.linear(in_features, out_features, bias)
 
 
 @dataclass(frozen=True)
@@ -52,12 +59,15 @@ class ModelArgs:
 
 
 class Attention(nn.Module):
-    def __init__(self, a: ModelArgs, rope: RotaryEmbedding, backend: AttentionBackend) -> None:
+    def __init__(
+        self, a: ModelArgs, rope: RotaryEmbedding, backend: AttentionBackend, quant=None
+    ) -> None:
         super().__init__()
         self.a = a
         self.q_size, self.kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        self.qkv_proj = nn.Linear(a.hidden_size, self.q_size + 2 * self.kv_size, bias=a.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, a.hidden_size, bias=False)
+        qkv = self.q_size + 2 * self.kv_size
+        self.qkv_proj = _linear(a.hidden_size, qkv, a.qkv_bias, quant)
+        self.o_proj = _linear(self.q_size, a.hidden_size, False, quant)
         self.rope = rope
         self.backend = backend
 
@@ -79,20 +89,22 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, a: ModelArgs) -> None:
+    def __init__(self, a: ModelArgs, quant: QuantMethod | None = None) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(a.hidden_size, 2 * a.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=False)
+        self.gate_up_proj = _linear(a.hidden_size, 2 * a.intermediate_size, False, quant)
+        self.down_proj = _linear(a.intermediate_size, a.hidden_size, False, quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, a: ModelArgs, rope: RotaryEmbedding, backend: AttentionBackend) -> None:
+    def __init__(
+        self, a: ModelArgs, rope: RotaryEmbedding, backend: AttentionBackend, quant=None
+    ) -> None:
         super().__init__()
-        self.self_attn = Attention(a, rope, backend)
-        self.mlp = MLP(a)
+        self.self_attn = Attention(a, rope, backend, quant)
+        self.mlp = MLP(a, quant)
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
@@ -119,11 +131,13 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, a: ModelArgs, hf_config, backend: AttentionBackend) -> None:
+    def __init__(self, a: ModelArgs, hf_config, backend: AttentionBackend, quant=None) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         rope = RotaryEmbedding(hf_config, a.head_dim, a.max_position)
-        self.layers = nn.ModuleList(DecoderLayer(a, rope, backend) for _ in range(a.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(a, rope, backend, quant) for _ in range(a.num_layers)
+        )
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
     def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
@@ -156,10 +170,19 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, hf_config, max_position: int, backend: AttentionBackend) -> None:
+    """``quant``: the method whose linear layers the decoder's projections use (None: the
+    model's dtype); embeddings, norms and the LM head stay unquantized."""
+
+    def __init__(
+        self,
+        hf_config,
+        max_position: int,
+        backend: AttentionBackend,
+        quant: QuantMethod | None = None,
+    ) -> None:
         super().__init__()
         self.args = ModelArgs.from_hf(hf_config, max_position)
-        self.model = LlamaModel(self.args, hf_config, backend)
+        self.model = LlamaModel(self.args, hf_config, backend, quant)
         self.lm_head = nn.Linear(self.args.hidden_size, self.args.vocab_size, bias=False)
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -213,7 +236,11 @@ class LlamaForCausalLM(nn.Module):
                     f"model weights: tensor {name!r} has shape {tuple(tensor.shape)}, "
                     f"expected {tuple(dst.shape)}."
                 )
-            dst.copy_(tensor)
+            owner = self.get_submodule(target.rsplit(".", 1)[0])
+            if target.endswith(".weight") and hasattr(owner, "weight_loader"):
+                owner.weight_loader(tensor, 0 if offset is None else offset[0])  # quantizes
+            else:
+                dst.copy_(tensor)
             loaded.add(f"{target}#{offset}")
         return loaded
 

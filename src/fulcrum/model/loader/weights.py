@@ -49,9 +49,18 @@ def iter_safetensors(path: str):
 
 
 def _init_dummy(model: nn.Module, seed: int) -> None:
-    """Random weights on the model's device (no CPU round trip), scaled to keep activations sane."""
+    """Random weights on the model's device (no CPU round trip), scaled to keep activations sane.
+    A quantized layer (``init_dummy``) draws full-precision rows a chunk at a time and stores
+    them quantized, so the model never exists in full precision."""
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    own = {}
+    for name, m in model.named_modules():
+        if hasattr(m, "init_dummy"):
+            m.init_dummy(gen)
+            own.update({f"{name}.{n}": p for n, p in m.named_parameters()})
     for name, p in model.named_parameters():
+        if name in own:
+            continue
         if name.endswith("norm.weight") or "layernorm" in name:
             p.data.fill_(1.0)
         else:
@@ -63,14 +72,16 @@ def load_model(
 ) -> tuple[nn.Module, float]:
     """Return the model on ``device`` in ``mc.dtype`` and the load time in seconds."""
     from fulcrum.model.registry import get_model_cls
+    from fulcrum.quant import get_quant_method
 
     t0 = time.perf_counter()
     cls = get_model_cls(mc.architecture)
+    quant = get_quant_method(mc.quantization)
     old = torch.get_default_dtype()
     torch.set_default_dtype(mc.dtype)
     try:
         with torch.device(device):
-            model = cls(mc.hf_config, mc.max_model_len, backend)
+            model = cls(mc.hf_config, mc.max_model_len, backend, quant=quant)
     finally:
         torch.set_default_dtype(old)
     # Buffers (the rotary cache) stay float32.
@@ -89,5 +100,6 @@ def load_model(
             )
     model.eval()
     dt = time.perf_counter() - t0
-    logger.info("Loaded %s (%s) in %.2f s", mc.model, mc.load_format, dt)
+    q = f", {mc.quantization} weights" if quant is not None else ""
+    logger.info("Loaded %s (%s%s) in %.2f s", mc.model, mc.load_format, q, dt)
     return model, dt

@@ -1,0 +1,55 @@
+"""Per-token dynamic FP8 (e4m3) quantization of activations, for FP8 weight GEMMs.
+
+Each row ``x[t]`` gets its own scale ``s[t] = max(|x[t]|, 1e-12) / 448`` and is stored as
+``q[t] = saturate(x[t] / s[t])`` in float8 e4m3 (448 is its largest finite value), so
+``x[t] ~= q[t] * s[t]``. One program per row; math in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fulcrum.kernels import pdl
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+@triton.jit
+def _per_token_quant_kernel(
+    x_ptr, q_ptr, s_ptr, stride_x, stride_q, K, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    pdl.wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), 0), 1e-12) / 448.0
+    q = tl.clamp(x / scale, -448.0, 448.0)
+    tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + row, scale)
+
+
+def per_token_quant_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [T, K]`` -> ``(q [T, K] float8_e4m3fn, scale [T, 1] float32)``."""
+    assert x.dim() == 2 and x.stride(-1) == 1
+    t, k = x.shape
+    q = torch.empty((t, k), dtype=FP8, device=x.device)
+    s = torch.empty((t, 1), dtype=torch.float32, device=x.device)
+    if t:
+        block = triton.next_power_of_2(k)
+        m = pdl.mode(x, t)
+        _per_token_quant_kernel[(t,)](
+            x, q, s, x.stride(0), q.stride(0), k, BLOCK=block, PDL=m,
+            num_warps=max(1, min(16, block // 1024)), **pdl.launch_options(m),
+        )  # fmt: skip
+    return q, s
+
+
+def per_token_quant_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain torch version of :func:`per_token_quant_fp8`."""
+    xf = x.float()
+    s = xf.abs().amax(-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+    return (xf / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
