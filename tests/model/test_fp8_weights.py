@@ -88,3 +88,24 @@ def test_quantization_argument_is_validated() -> None:
 
     with pytest.raises(ValueError, match="quantization: unknown method 'int3'"):
         EngineArgs(model=None, quantization="int3", device="cpu").create_engine_config()
+
+
+def test_fp8_smollm2_next_tokens_agree(smollm_dir, smollm_tokenizer) -> None:
+    """The embedded chat model with FP8 weights, teacher-forced over a paragraph: its greedy next
+    token agrees with the full-precision model's at most positions, and the full-precision
+    choice is always in its top-5 (measured: 43 of 46 positions agree)."""
+    text = (
+        "The history of the Roman Empire spans more than a thousand years, from the founding of "
+        "the city to the fall of Constantinople. Its legions built roads, aqueducts and cities "
+        "across Europe, and its laws shaped the legal systems of many modern countries."
+    )
+    ids = smollm_tokenizer(text).input_ids
+    prefixes = [ids[:n] for n in range(4, len(ids))]
+    sp = SamplingParams(temperature=0, max_tokens=1, logprobs=5)
+    firsts = {}
+    for q in ("none", "fp8"):
+        outs = LLM(smollm_dir, quantization=q).generate(prefixes, sp, use_tqdm=False)
+        firsts[q] = [(o.outputs[0].token_ids[0], o.outputs[0].logprobs[0]) for o in outs]
+    pairs = list(zip(firsts["none"], firsts["fp8"], strict=True))
+    assert all(ref in top for (ref, _), (_, top) in pairs)
+    assert sum(ref == got for (ref, _), (got, _) in pairs) >= 0.85 * len(pairs)
