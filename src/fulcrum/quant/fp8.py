@@ -77,13 +77,11 @@ class Fp8Linear(nn.Module):
             q, s = per_token_quant_fp8(x2)
         else:
             q, s = per_token_quant_fp8_ref(x2)
+        # Row-wise scales on CUDA come out in bf16 only with some backends (CUTLASS).
+        out_dtype = torch.bfloat16 if x2.is_cuda else x.dtype
         y = torch._scaled_mm(
-            q,
-            self.weight.t(),
-            scale_a=s,
-            scale_b=self.weight_scale,
-            out_dtype=x.dtype,
-        )
+            q, self.weight.t(), scale_a=s, scale_b=self.weight_scale, out_dtype=out_dtype
+        ).to(x.dtype)
         if self.bias is not None:  # added apart: not every backend takes a bias with row scales
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
