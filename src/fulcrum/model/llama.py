@@ -60,7 +60,11 @@ class ModelArgs:
 
 class Attention(nn.Module):
     def __init__(
-        self, a: ModelArgs, rope: RotaryEmbedding, backend: AttentionBackend, quant=None
+        self,
+        a: ModelArgs,
+        rope: RotaryEmbedding,
+        backend: AttentionBackend,
+        quant: QuantMethod | None = None,
     ) -> None:
         super().__init__()
         self.a = a
@@ -100,7 +104,11 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, a: ModelArgs, rope: RotaryEmbedding, backend: AttentionBackend, quant=None
+        self,
+        a: ModelArgs,
+        rope: RotaryEmbedding,
+        backend: AttentionBackend,
+        quant: QuantMethod | None = None,
     ) -> None:
         super().__init__()
         self.self_attn = Attention(a, rope, backend, quant)
@@ -131,7 +139,9 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, a: ModelArgs, hf_config, backend: AttentionBackend, quant=None) -> None:
+    def __init__(
+        self, a: ModelArgs, hf_config, backend: AttentionBackend, quant: QuantMethod | None = None
+    ) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         rope = RotaryEmbedding(hf_config, a.head_dim, a.max_position)
