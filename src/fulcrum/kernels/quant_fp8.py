@@ -12,9 +12,8 @@ import triton
 import triton.language as tl
 
 from fulcrum.kernels import pdl
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
+from fulcrum.kv_cache.dtype import FP8_DTYPE as FP8
+from fulcrum.kv_cache.dtype import FP8_MAX
 
 
 @triton.jit

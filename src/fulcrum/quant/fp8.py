@@ -18,16 +18,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fulcrum.kernels.quant_fp8 import FP8, FP8_MAX, per_token_quant_fp8_ref
+from fulcrum.kernels.quant_fp8 import FP8, per_token_quant_fp8_ref
 from fulcrum.model.layers.dispatch import use_triton
 from fulcrum.quant.base import QuantMethod, register_quant_method
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w [n, in]`` (any float dtype) -> ``(e4m3 [n, in], fp32 scale [n])``, one scale per row."""
-    wf = w.float()
-    scale = wf.abs().amax(-1).clamp(min=1e-12) / FP8_MAX
-    return (wf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
+    """``w [n, in]`` (any float dtype) -> ``(e4m3 [n, in], fp32 scale [n])``, one scale per row
+    (the activations' per-token rule, applied to weight rows)."""
+    q, s = per_token_quant_fp8_ref(w)
+    return q, s[:, 0]
 
 
 class Fp8Linear(nn.Module):
