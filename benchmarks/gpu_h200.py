@@ -524,7 +524,10 @@ def main() -> None:
     ap.add_argument("--cap", type=float, default=200.0, help=argparse.SUPPRESS)
     ap.add_argument("--skip", default="", help="comma-separated phases to skip")
     ap.add_argument(
-        "--only", default="", help="comma-separated phases to run (fp8w, fp8w70b run only so)"
+        "--only",
+        default="",
+        help="comma-separated phases to run instead of the default set (fp8w and fp8w70b run "
+        "only when named here)",
     )
     args = ap.parse_args()
     if args.phase == "fulcrum":
