@@ -46,16 +46,16 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     import fulcrum.attention.triton_backend as tb
     from fulcrum.kernels import pdl
 
-    default = (torch.backends.cuda.preferred_blas_library(), tb.ORDER_MIN_REQS, pdl.ENABLED)
+    lib0 = torch.backends.cuda.preferred_blas_library()
+    default = (lib0, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV)
     times: dict[str, list[float]] = {}
     for _ in range(rounds):
         for name in names:
             lib, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV = SETTINGS[name]
             torch.backends.cuda.preferred_blas_library(lib)
             times.setdefault(name, []).append(_graph_ms(runner, b))
-    torch.backends.cuda.preferred_blas_library(default[0])
-    _, tb.ORDER_MIN_REQS, pdl.ENABLED = default
-    tb.FUSE_ROPE_KV = True
+    torch.backends.cuda.preferred_blas_library(lib0)
+    _, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV = default
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 
