@@ -1,7 +1,8 @@
 """A/B of decode-step settings in one process: device time of a captured decode step under each
 setting -- BLAS library (cuBLAS, cuBLASLt), decode program order (request order, longest context
-first), programmatic dependent launch of the Triton kernels (``kernels/pdl.py``) and rotary
-fused with the KV write or not -- for
+first), programmatic dependent launch of the Triton kernels (``kernels/pdl.py``), rotary
+fused with the KV write or not, and the batch-1 linear layers on the Triton GEMV
+(``kernels/gemv.py``) or on cuBLAS -- for
 
     batch 1 at a 1,000-token context            (single-stream latency)
     batch 384 at contexts spread over 1,000-2,000  (the 1,000/1,000 steady state)
@@ -27,12 +28,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h200 as g  # noqa: E402
 from gpu_profile import _step_until  # noqa: E402
 
-SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL, rotary fused with the KV write)
-    "cublas": ("cublas", 64, False, True),
-    "cublas+pdl": ("cublas", 64, True, True),
-    "cublaslt+pdl": ("cublaslt", 64, True, True),
-    "cublas+pdl request-order": ("cublas", 10**9, True, True),
-    "cublas+pdl unfused-rope": ("cublas", 64, True, False),  # rotary, then reshape_and_cache
+SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL, rotary fused with the KV write,
+    #                most rows of a linear layer that run the Triton GEMV)
+    "cublas": ("cublas", 64, False, True, 0),
+    "cublas+pdl": ("cublas", 64, True, True, 0),
+    "cublaslt+pdl": ("cublaslt", 64, True, True, 0),
+    "cublas+pdl request-order": ("cublas", 10**9, True, True, 0),
+    "cublas+pdl unfused-rope": ("cublas", 64, True, False, 0),  # rotary, then reshape_and_cache
+    "gemv+pdl": ("cublas", 64, True, True, 1),  # batch 1's linear layers on the Triton GEMV
+    "gemv": ("cublas", 64, False, True, 1),
 }
 
 
@@ -44,18 +48,18 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     import torch
 
     import fulcrum.attention.triton_backend as tb
-    from fulcrum.kernels import pdl
+    from fulcrum.kernels import gemv, pdl
 
     lib0 = torch.backends.cuda.preferred_blas_library()
-    default = (lib0, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV)
+    default = (lib0, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M)
     times: dict[str, list[float]] = {}
     for _ in range(rounds):
         for name in names:
-            lib, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV = SETTINGS[name]
+            lib, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M = SETTINGS[name]
             torch.backends.cuda.preferred_blas_library(lib)
             times.setdefault(name, []).append(_graph_ms(runner, b))
     torch.backends.cuda.preferred_blas_library(lib0)
-    _, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV = default
+    _, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M = default
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 

@@ -165,7 +165,13 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="folder for profile.json")
     ap.add_argument("--batch", type=int, default=384, help="decode batch of the large case")
     ap.add_argument("--ctx", type=int, default=1500, help="prompt tokens of the large case")
+    ap.add_argument(
+        "--cases",
+        default="large,mixed",
+        help="comma-separated cases after batch 1 (which always runs): large, mixed",
+    )
     args = ap.parse_args()
+    cases = set(args.cases.split(","))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from fulcrum import LLM
 
@@ -188,6 +194,8 @@ def main() -> None:
     print(json.dumps({"decode_b1": res["decode_b1"]}, indent=1), flush=True)
     core.abort_requests(list(core.scheduler.requests))
     _step_until(core, lambda: not core.has_unfinished_requests())
+    if "large" not in cases:
+        return _save(args.out, res)
 
     # 2. batch 384 at ~1.5k context
     _add(llm, batch, ctx, 400, 2)
@@ -208,6 +216,8 @@ def main() -> None:
         "eager": _kernels(core, 2),
     }
     print(json.dumps({"decode_large": res["decode_large"]}, indent=1), flush=True)
+    if "mixed" not in cases:
+        return _save(args.out, res)
 
     # 3. mixed: new prompts join the running decodes
     budget = core.config.scheduler_config.max_num_batched_tokens
@@ -225,9 +235,13 @@ def main() -> None:
         "eager": _kernels(core, 2),
     }
     print(json.dumps({"mixed": res["mixed"]}, indent=1), flush=True)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "profile.json"), "w") as fh:
+    _save(args.out, res)
+
+
+def _save(out: str | None, res: dict) -> None:
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "profile.json"), "w") as fh:
             json.dump(res, fh, indent=1)
 
 

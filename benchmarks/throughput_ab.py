@@ -6,6 +6,7 @@
     cublaslt  the engine with torch's cuBLASLt preferred for the GEMMs
     nopdl     the engine without programmatic dependent launch of its Triton kernels
     nopw      the engine without piecewise CUDA graphs for prefill/mixed steps (eager)
+    nogemv    the engine with batch 1's linear layers on cuBLAS (not the Triton GEMV)
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
               (block_n,num_warps,num_stages[,maxnreg])
@@ -50,6 +51,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         tb.ORDER_MIN_REQS = 10**9
     if name == "nopw":
         engine["piecewise_graph_max_tokens"] = 0
+    if name == "nogemv":
+        from fulcrum.kernels import gemv
+
+        gemv.USE_MAX_M = 0
     if name == "nopdl":
         from fulcrum.kernels import pdl
 

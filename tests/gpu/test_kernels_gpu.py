@@ -295,3 +295,39 @@ def test_fp8_weight_gemm_llama8b() -> None:
     x.copy_(x * 2)
     g.replay()
     torch.testing.assert_close(out, lin(x), rtol=1e-2, atol=1e-2)  # the doubled input, replayed
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_gemv_llama8b(m: int, fp8: bool) -> None:
+    """The Triton GEMV at the 8B model's linear shapes, against the fp32 product (bf16 inputs),
+    with PDL on (the weight's first tile is read before the wait) and inside a CUDA graph after
+    the kernel that writes its input."""
+    from fulcrum.kernels.gemv import gemv
+    from fulcrum.quant.fp8 import quantize_rows
+
+    _gen(11)
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        scale = None
+        if fp8:
+            w, scale = quantize_rows(w)
+        wf = w.float() if scale is None else w.float() * scale[:, None]
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16) if n == 6144 else None
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        res = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        nw = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+        h, _ = fused_add_rms_norm(x, res, nw, 1e-5)
+        ref = torch.nn.functional.linear(h.float(), wf, None if bias is None else bias.float())
+        out = gemv(h, w, bias, scale=scale)
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+        graph = torch.cuda.CUDAGraph()
+        x_static = x.clone()
+        with torch.cuda.graph(graph):
+            h2, _ = fused_add_rms_norm(x_static, res, nw, 1e-5)
+            out2 = gemv(h2, w, bias, scale=scale)
+        x_static.copy_(torch.randn_like(x))
+        graph.replay()
+        h3, _ = fused_add_rms_norm(x_static, res, nw, 1e-5)
+        ref3 = torch.nn.functional.linear(h3.float(), wf, None if bias is None else bias.float())
+        torch.testing.assert_close(out2.float(), ref3, atol=2e-2, rtol=2e-2)

@@ -14,6 +14,7 @@ from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
 from fulcrum.model.layers.activation import silu_and_mul
+from fulcrum.model.layers.linear import Linear
 from fulcrum.model.layers.norm import RMSNorm
 from fulcrum.model.layers.rotary import RotaryEmbedding
 from fulcrum.quant.base import QuantMethod
@@ -21,7 +22,7 @@ from fulcrum.quant.base import QuantMethod
 
 def _linear(in_features: int, out_features: int, bias: bool, quant: QuantMethod | None):
     if quant is None:
-        return nn.Linear(in_features, out_features, bias=bias)
+        return Linear(in_features, out_features, bias=bias)
     return quant.linear(in_features, out_features, bias)
 
 
@@ -193,7 +194,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.args = ModelArgs.from_hf(hf_config, max_position)
         self.model = LlamaModel(self.args, hf_config, backend, quant)
-        self.lm_head = nn.Linear(self.args.hidden_size, self.args.vocab_size, bias=False)
+        self.lm_head = Linear(self.args.hidden_size, self.args.vocab_size, bias=False)
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -9,7 +9,10 @@ FP8 tensor cores and applies both scales on the way out::
     y[t, r] = (sum_k q_x[t, k] * q_w[r, k]) * x_scale[t] * w_scale[r]   (+ bias[r])
 
 Half the weight bytes of bf16 -- what a bandwidth-bound decode step reads -- and twice the
-tensor-core rate of bf16 on Hopper. Needs a GPU with FP8 tensor cores (compute capability 8.9
+tensor-core rate of bf16 on Hopper. A call of a few rows on CUDA (a batch-1 decode step) runs
+the Triton GEMV instead (``kernels/gemv.py``: the e4m3 rows widened in registers, the row scale
+applied to the sum, activations not quantized): an FP8 GEMM pads the rows to a tensor-core tile
+and adds a quantization launch, where the GEMV only streams the weight. Needs a GPU with FP8 tensor cores (compute capability 8.9
 or later) or the CPU (where the same ops run, slowly, for tests).
 """
 
@@ -72,8 +75,12 @@ class Fp8Linear(nn.Module):
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         if use_triton(x2):
+            from fulcrum.kernels import gemv
             from fulcrum.kernels.quant_fp8 import per_token_quant_fp8
 
+            if x2.shape[0] <= min(gemv.USE_MAX_M, gemv.MAX_M):
+                y = gemv.gemv(x2, self.weight, self.bias, scale=self.weight_scale.view(-1))
+                return y.view(*x.shape[:-1], self.out_features)
             q, s = per_token_quant_fp8(x2)
         else:
             q, s = per_token_quant_fp8_ref(x2)

@@ -1,0 +1,138 @@
+"""Small-batch linear layer ``y = x @ W.T (+ b)`` for the single-stream decode step.
+
+At batch 1 a linear layer reads its whole weight once and does almost no arithmetic: its cost is
+the weight bytes over memory bandwidth plus the time the memory system idles around it -- the
+kernel's launch and ramp, and the small kernels before it (norm, rotary, attention), during
+which no weight is read. The weight is the one input no kernel of the step writes, so this
+kernel reads its first tile *before* waiting for the kernel before it (programmatic dependent
+launch, ``kernels/pdl.py``): launched early, its programs stream weight while that kernel runs,
+then wait for ``x``::
+
+    program p owns output rows [p*BLOCK_N, (p+1)*BLOCK_N) of W  ([N, K], row-major)
+        w = W[rows, 0:BLOCK_K]                       ◄── issued before the wait
+        wait for the kernel before (it writes x)
+        for each K tile t:  w_next = W[rows, tile t+1]    (register double buffer)
+                            acc[m, n] += sum_k w[n, k] * x[m, k]     (fp32)
+                            w = w_next
+        y[m, rows] = acc (* scale[rows]) (+ bias)
+
+fp32 accumulation of bf16/fp16/fp32 products, like cuBLAS's GEMV; results agree with ``F.linear``
+to the output dtype's rounding. An FP8 (e4m3) weight with one scale per row
+(``quant/fp8.py``) is widened in registers and its scale applied to the sum: half the bytes of
+bf16, and the activations stay unquantized (the FP8 GEMM path quantizes them per token).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from fulcrum.kernels import pdl
+
+# Rows of x per call. Up to MAX_M rows the kernel runs; the model uses it up to USE_MAX_M rows
+# (``FULCRUM_GEMV_MAX_M``; 0 turns it off), where it was measured faster than cuBLAS.
+MAX_M = 4
+USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
+# (block_n, block_k, num_warps) on CUDA, by K; the interpreter uses small tiles.
+GPU_CONFIG: dict[str, tuple[int, int, int]] = {"default": (8, 512, 4)}
+INTERPRET_CONFIG = (4, 32, 1)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    K: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    # Before the wait: the weight is never written during a step.
+    w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k[None, :] < K), other=0.0)
+    pdl.wait(PDL)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        nk = k0 + BLOCK_K + offs_k
+        w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0)
+        x = tl.load(x_ptrs + k0, mask=mask_m[:, None] & (k0 + offs_k[None, :] < K), other=0.0)
+        prod = w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
+        acc += tl.sum(prod, axis=2)
+        w = w_next
+    if HAS_SCALE:
+        acc *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def gemv(
+    x: torch.Tensor,  # [M, K], M <= MAX_M, last dim contiguous
+    weight: torch.Tensor,  # [N, K], last dim contiguous
+    bias: torch.Tensor | None = None,  # [N]
+    config: tuple[int, int, int] | None = None,  # (block_n, block_k, num_warps); None: tuned
+    scale: torch.Tensor | None = None,  # [N] fp32, one per weight row (an FP8 weight's)
+) -> torch.Tensor:
+    """``(x @ weight.T) * scale + bias`` for a few rows of ``x``, in ``x``'s dtype."""
+    m, k = x.shape
+    n, k_w = weight.shape
+    if m > MAX_M or k != k_w:
+        raise ValueError(f"gemv: x {tuple(x.shape)} and weight {tuple(weight.shape)}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    assert weight.stride(-1) == 1
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    if config is None:
+        config = GPU_CONFIG.get(str(k), GPU_CONFIG["default"]) if x.is_cuda else INTERPRET_CONFIG
+    block_n, block_k, warps = config
+    block_k = min(block_k, triton.next_power_of_2(k))
+    grid = (triton.cdiv(n, block_n),)
+    mode = pdl.mode(x, grid[0])
+    if scale is not None:
+        assert scale.dtype == torch.float32 and scale.is_contiguous() and scale.numel() == n
+    _gemv_kernel[grid](
+        x,
+        weight,
+        scale if scale is not None else weight,
+        bias if bias is not None else weight,
+        out,
+        m,
+        n,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        K=k,
+        HAS_SCALE=scale is not None,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=triton.next_power_of_2(m),
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        PDL=mode,
+        num_warps=warps,
+        **pdl.launch_options(mode),
+    )
+    return out

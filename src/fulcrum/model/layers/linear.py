@@ -1,0 +1,23 @@
+"""``nn.Linear`` whose few-row calls on CUDA run the Triton GEMV (``kernels/gemv.py``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fulcrum.model.layers.dispatch import use_triton
+
+
+class Linear(nn.Linear):
+    """A decode step of up to ``gemv.USE_MAX_M`` requests (read at each call, so a benchmark
+    may switch it) runs the GEMV, which streams the weight while the kernel before it finishes;
+    anything larger runs the BLAS GEMM."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and use_triton(x):
+            from fulcrum.kernels import gemv
+
+            if x.shape[0] <= min(gemv.USE_MAX_M, gemv.MAX_M):
+                return gemv.gemv(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fulcrum.kernels.gemv import MAX_M, gemv
+from fulcrum.model.layers.linear import Linear
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "bias", "config"),
+    [
+        (1, 37, 64, False, None),  # rows not a multiple of the tile
+        (3, 16, 100, True, None),  # K not a multiple of the tile, bias
+        (4, 9, 33, True, (8, 16, 1)),  # several K tiles, ragged last one
+        (2, 64, 256, False, (16, 64, 2)),
+        (1, 5, 8, True, (4, 64, 1)),  # one K tile wider than K
+    ],
+)
+def test_gemv_matches_linear(m: int, n: int, k: int, bias: bool, config) -> None:
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    out = gemv(x, w, b, config=config)
+    assert out.shape == (m, n) and out.dtype == x.dtype
+    torch.testing.assert_close(out, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+def test_gemv_bf16_rounds_once() -> None:
+    """bf16 inputs: fp32 accumulation, one rounding of the result (as cuBLAS's GEMV)."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 96, generator=g).bfloat16()
+    w = torch.randn(24, 96, generator=g).bfloat16()
+    ref = F.linear(x.float(), w.float()).bfloat16()
+    out = gemv(x, w, config=(8, 32, 1))
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref.float(), atol=0, rtol=1 / 128)
+
+
+def test_gemv_strided_rows_and_bad_shapes() -> None:
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(2, 80, generator=g)
+    x = base[:, :40]  # row stride 80
+    w = torch.randn(12, 40, generator=g)
+    torch.testing.assert_close(gemv(x, w), F.linear(x, w), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="gemv"):
+        gemv(torch.randn(MAX_M + 1, 40), w)
+    with pytest.raises(ValueError, match="gemv"):
+        gemv(torch.randn(1, 41), w)
+
+
+def test_linear_is_nn_linear_off_cuda() -> None:
+    """Off CUDA the layer is exactly ``nn.Linear`` (same parameters, same result)."""
+    torch.manual_seed(0)
+    lin = Linear(32, 8, bias=True)
+    ref = torch.nn.Linear(32, 8, bias=True)
+    ref.load_state_dict(lin.state_dict())
+    x = torch.randn(1, 32)
+    assert torch.equal(lin(x), ref(x))
+
+
+def test_gemv_fp8_weight_with_row_scales() -> None:
+    """An e4m3 weight with one fp32 scale per row: ``(x @ q.T) * scale + bias``."""
+    from fulcrum.quant.fp8 import quantize_rows
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 64, generator=g)
+    w = torch.randn(20, 64, generator=g) * 0.05
+    b = torch.randn(20, generator=g)
+    q, s = quantize_rows(w)
+    out = gemv(x, q, b, config=(8, 16, 1), scale=s)
+    ref = F.linear(x, q.float()) * s + b
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    # and close to the full-precision product (e4m3 keeps ~2 significant digits)
+    assert (out - F.linear(x, w, b)).abs().max() < 0.05 * F.linear(x, w).abs().max() + 0.01
