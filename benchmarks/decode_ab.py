@@ -68,6 +68,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=384, help="second batch size (0: batch 1 only)")
     ap.add_argument("--rounds", type=int, default=3, help="timed replays per setting")
     ap.add_argument(
+        "--fp8", action="store_true", help="FP8 weights and KV cache (--quantization fp8)"
+    )
+    ap.add_argument(
         "--settings",
         nargs="+",
         default=list(SETTINGS),
@@ -77,7 +80,8 @@ def main() -> None:
     args = ap.parse_args()
     from fulcrum import LLM, SamplingParams
 
-    llm = LLM(g.MODEL, **g.ENGINE)
+    engine = dict(g.ENGINE, quantization="fp8", kv_cache_dtype="fp8") if args.fp8 else g.ENGINE
+    llm = LLM(g.MODEL, **engine)
     core = llm.core
     rng = random.Random(0)
     sp = SamplingParams(temperature=0, max_tokens=3000, ignore_eos=True)
