@@ -33,12 +33,25 @@ import triton.language as tl
 from fulcrum.kernels import pdl
 
 # Rows of x per call. Up to MAX_M rows the kernel runs; the model uses it up to USE_MAX_M rows
-# (``FULCRUM_GEMV_MAX_M``; 0 turns it off), where it was measured faster than cuBLAS.
+# (``FULCRUM_GEMV_MAX_M``; 0 turns it off) and for weights of at most MAX_WEIGHT_ELEMS
+# elements: measured on an H200 (``benchmarks/gemv_bench.py``, BENCHMARKS.md), it beats cuBLAS
+# on the 8B model's qkv, o_proj and down_proj at batch 1 (bf16 by 2-13%, FP8 by 27-37%) and
+# loses on the 235 MB gate_up, where cuBLAS streams at 4.0 TB/s.
 MAX_M = 4
 USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
-# (block_n, block_k, num_warps) on CUDA, by K; the interpreter uses small tiles.
-GPU_CONFIG: dict[str, tuple[int, int, int]] = {"default": (8, 512, 4)}
-INTERPRET_CONFIG = (4, 32, 1)
+MAX_WEIGHT_ELEMS = 64 * 2**20
+# (block_n, block_k, num_warps, tensor-core dot) on CUDA by weight dtype; the interpreter's tiles.
+# ``FULCRUM_GEMV_CONFIG="bf16=16,256,4,1;fp8=4,2048,4,0"`` overrides them (tuning runs).
+GPU_CONFIG: dict[str, tuple[int, ...]] = {"bf16": (8, 1024, 4, 0), "fp8": (4, 2048, 4, 0)}
+for _item in filter(None, os.environ.get("FULCRUM_GEMV_CONFIG", "").split(";")):
+    _kind, _, _vals = _item.partition("=")
+    GPU_CONFIG[_kind.strip()] = tuple(int(v) for v in _vals.split(","))
+INTERPRET_CONFIG = (4, 32, 1, 0)
+
+
+def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a linear layer should run this kernel for ``x [M, K]`` (CUDA callers only)."""
+    return x.shape[0] <= min(USE_MAX_M, MAX_M) and weight.numel() <= MAX_WEIGHT_ELEMS
 
 
 @triton.jit
@@ -60,6 +73,8 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
+    DOT: tl.constexpr,
+    W_FP8: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -72,14 +87,30 @@ def _gemv_kernel(
     # Before the wait: the weight is never written during a step.
     w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k[None, :] < K), other=0.0)
     pdl.wait(PDL)
+    if DOT and W_FP8:  # the rows of x quantized to e4m3 with a scale each (two passes, from L2)
+        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            xa = tl.load(x_ptrs + k0, mask=mask_m[:, None] & (k0 + offs_k[None, :] < K), other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), 1))
+        x_scale = tl.maximum(amax, 1e-12) / 448.0
+        x_inv = 1.0 / x_scale
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         nk = k0 + BLOCK_K + offs_k
         w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0)
         x = tl.load(x_ptrs + k0, mask=mask_m[:, None] & (k0 + offs_k[None, :] < K), other=0.0)
-        prod = w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
-        acc += tl.sum(prod, axis=2)
+        if DOT:  # tensor cores on a 16-row tile (rows past M are zeros)
+            if W_FP8:
+                xq = (x.to(tl.float32) * x_inv[:, None]).to(w.dtype)
+            else:
+                xq = x.to(w.dtype)
+            acc += tl.dot(xq, tl.trans(w))
+        else:
+            prod = w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
+            acc += tl.sum(prod, axis=2)
         w = w_next
+    if DOT and W_FP8:
+        acc *= x_scale[:, None]
     if HAS_SCALE:
         acc *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
@@ -92,7 +123,7 @@ def gemv(
     x: torch.Tensor,  # [M, K], M <= MAX_M, last dim contiguous
     weight: torch.Tensor,  # [N, K], last dim contiguous
     bias: torch.Tensor | None = None,  # [N]
-    config: tuple[int, int, int] | None = None,  # (block_n, block_k, num_warps); None: tuned
+    config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps[, dot]); None: tuned
     scale: torch.Tensor | None = None,  # [N] fp32, one per weight row (an FP8 weight's)
 ) -> torch.Tensor:
     """``(x @ weight.T) * scale + bias`` for a few rows of ``x``, in ``x``'s dtype."""
@@ -107,8 +138,10 @@ def gemv(
     if m == 0:
         return out
     if config is None:
-        config = GPU_CONFIG.get(str(k), GPU_CONFIG["default"]) if x.is_cuda else INTERPRET_CONFIG
-    block_n, block_k, warps = config
+        fp8 = weight.dtype == torch.float8_e4m3fn
+        config = GPU_CONFIG["fp8" if fp8 else "bf16"] if x.is_cuda else INTERPRET_CONFIG
+    block_n, block_k, warps, *rest = config
+    dot = bool(rest and rest[0])
     block_k = min(block_k, triton.next_power_of_2(k))
     grid = (triton.cdiv(n, block_n),)
     mode = pdl.mode(x, grid[0])
@@ -128,10 +161,12 @@ def gemv(
         K=k,
         HAS_SCALE=scale is not None,
         HAS_BIAS=bias is not None,
-        BLOCK_M=triton.next_power_of_2(m),
+        BLOCK_M=16 if dot else triton.next_power_of_2(m),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         PDL=mode,
+        DOT=dot,
+        W_FP8=weight.dtype == torch.float8_e4m3fn,
         num_warps=warps,
         **pdl.launch_options(mode),
     )

@@ -78,7 +78,7 @@ class Fp8Linear(nn.Module):
             from fulcrum.kernels import gemv
             from fulcrum.kernels.quant_fp8 import per_token_quant_fp8
 
-            if x2.shape[0] <= min(gemv.USE_MAX_M, gemv.MAX_M):
+            if gemv.use_gemv(x2, self.weight):
                 y = gemv.gemv(x2, self.weight, self.bias, scale=self.weight_scale.view(-1))
                 return y.view(*x.shape[:-1], self.out_features)
             q, s = per_token_quant_fp8(x2)

@@ -11,13 +11,13 @@ from fulcrum.model.layers.dispatch import use_triton
 
 class Linear(nn.Linear):
     """A decode step of up to ``gemv.USE_MAX_M`` requests (read at each call, so a benchmark
-    may switch it) runs the GEMV, which streams the weight while the kernel before it finishes;
-    anything larger runs the BLAS GEMM."""
+    may switch it) runs the GEMV on weights where it was measured faster (``gemv.use_gemv``);
+    anything else runs the BLAS GEMM."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and use_triton(x):
             from fulcrum.kernels import gemv
 
-            if x.shape[0] <= min(gemv.USE_MAX_M, gemv.MAX_M):
+            if gemv.use_gemv(x, self.weight):
                 return gemv.gemv(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
