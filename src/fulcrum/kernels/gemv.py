@@ -40,13 +40,13 @@ from fulcrum.kernels import pdl
 MAX_M = 4
 USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
 MAX_WEIGHT_ELEMS = 64 * 2**20
-# (block_n, block_k, num_warps, tensor-core dot) on CUDA by weight dtype; the interpreter's tiles.
-# ``FULCRUM_GEMV_CONFIG="bf16=16,256,4,1;fp8=4,2048,4,0"`` overrides them (tuning runs).
-GPU_CONFIG: dict[str, tuple[int, ...]] = {"bf16": (8, 1024, 4, 0), "fp8": (4, 2048, 4, 0)}
+# (block_n, block_k, num_warps) on CUDA by weight dtype; the interpreter's tiles.
+# ``FULCRUM_GEMV_CONFIG="bf16=8,1024,4;fp8=4,2048,4"`` overrides them (tuning runs).
+GPU_CONFIG: dict[str, tuple[int, ...]] = {"bf16": (8, 1024, 4), "fp8": (4, 2048, 4)}
 for _item in filter(None, os.environ.get("FULCRUM_GEMV_CONFIG", "").split(";")):
     _kind, _, _vals = _item.partition("=")
     GPU_CONFIG[_kind.strip()] = tuple(int(v) for v in _vals.split(","))
-INTERPRET_CONFIG = (4, 32, 1, 0)
+INTERPRET_CONFIG = (4, 32, 1)
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -73,8 +73,6 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
-    DOT: tl.constexpr,
-    W_FP8: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -87,30 +85,28 @@ def _gemv_kernel(
     # Before the wait: the weight is never written during a step.
     w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k[None, :] < K), other=0.0)
     pdl.wait(PDL)
-    if DOT and W_FP8:  # the rows of x quantized to e4m3 with a scale each (two passes, from L2)
-        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if BLOCK_M == 1:  # products summed elementwise; one reduction at the end
+        acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            xa = tl.load(x_ptrs + k0, mask=mask_m[:, None] & (k0 + offs_k[None, :] < K), other=0.0)
-            amax = tl.maximum(amax, tl.max(tl.abs(xa.to(tl.float32)), 1))
-        x_scale = tl.maximum(amax, 1e-12) / 448.0
-        x_inv = 1.0 / x_scale
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        nk = k0 + BLOCK_K + offs_k
-        w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0)
-        x = tl.load(x_ptrs + k0, mask=mask_m[:, None] & (k0 + offs_k[None, :] < K), other=0.0)
-        if DOT:  # tensor cores on a 16-row tile (rows past M are zeros)
-            if W_FP8:
-                xq = (x.to(tl.float32) * x_inv[:, None]).to(w.dtype)
-            else:
-                xq = x.to(w.dtype)
-            acc += tl.dot(xq, tl.trans(w))
-        else:
+            nk = k0 + BLOCK_K + offs_k
+            w_next = tl.load(
+                w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0
+            )
+            x = tl.load(x_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0)
+            acc1 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            w = w_next
+        acc = tl.sum(acc1, axis=1)[None, :]
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            nk = k0 + BLOCK_K + offs_k
+            w_next = tl.load(
+                w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0
+            )
+            x = tl.load(x_ptrs + k0, mask=mask_m[:, None] & (k0 + offs_k[None, :] < K), other=0.0)
             prod = w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
             acc += tl.sum(prod, axis=2)
-        w = w_next
-    if DOT and W_FP8:
-        acc *= x_scale[:, None]
+            w = w_next
     if HAS_SCALE:
         acc *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
@@ -123,7 +119,7 @@ def gemv(
     x: torch.Tensor,  # [M, K], M <= MAX_M, last dim contiguous
     weight: torch.Tensor,  # [N, K], last dim contiguous
     bias: torch.Tensor | None = None,  # [N]
-    config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps[, dot]); None: tuned
+    config: tuple[int, int, int] | None = None,  # (block_n, block_k, num_warps); None: tuned
     scale: torch.Tensor | None = None,  # [N] fp32, one per weight row (an FP8 weight's)
 ) -> torch.Tensor:
     """``(x @ weight.T) * scale + bias`` for a few rows of ``x``, in ``x``'s dtype."""
@@ -140,8 +136,7 @@ def gemv(
     if config is None:
         fp8 = weight.dtype == torch.float8_e4m3fn
         config = GPU_CONFIG["fp8" if fp8 else "bf16"] if x.is_cuda else INTERPRET_CONFIG
-    block_n, block_k, warps, *rest = config
-    dot = bool(rest and rest[0])
+    block_n, block_k, warps = config
     block_k = min(block_k, triton.next_power_of_2(k))
     grid = (triton.cdiv(n, block_n),)
     mode = pdl.mode(x, grid[0])
@@ -161,12 +156,10 @@ def gemv(
         K=k,
         HAS_SCALE=scale is not None,
         HAS_BIAS=bias is not None,
-        BLOCK_M=16 if dot else triton.next_power_of_2(m),
+        BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         PDL=mode,
-        DOT=dot,
-        W_FP8=weight.dtype == torch.float8_e4m3fn,
         num_warps=warps,
         **pdl.launch_options(mode),
     )
