@@ -33,16 +33,14 @@ import triton.language as tl
 from fulcrum.kernels import pdl
 
 # Rows of x per call. Up to MAX_M rows the kernel runs; the model uses it up to USE_MAX_M rows
-# (``FULCRUM_GEMV_MAX_M``; 0 turns it off) and for weights of at most MAX_WEIGHT_ELEMS
-# elements: measured on an H200 (``benchmarks/gemv_bench.py``, BENCHMARKS.md), it beats cuBLAS
-# on the 8B model's qkv, o_proj and down_proj at batch 1 (bf16 by 2-13%, FP8 by 27-37%) and
-# loses on the 235 MB gate_up, where cuBLAS streams at 4.0 TB/s.
+# (``FULCRUM_GEMV_MAX_M``; 0 turns it off). Measured on an H200 (``benchmarks/gemv_bench.py``,
+# BENCHMARKS.md) at batch 1 it beats cuBLAS on every linear layer of the 8B model: bf16 by
+# 6-14% (qkv, o_proj, down, gate_up, lm_head), FP8 by 2-44% against the FP8 GEMM path.
 MAX_M = 4
 USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
-MAX_WEIGHT_ELEMS = 64 * 2**20
 # (block_n, block_k, num_warps) on CUDA by weight dtype; the interpreter's tiles.
-# ``FULCRUM_GEMV_CONFIG="bf16=8,1024,4;fp8=4,2048,4"`` overrides them (tuning runs).
-GPU_CONFIG: dict[str, tuple[int, ...]] = {"bf16": (8, 1024, 4), "fp8": (4, 2048, 4)}
+# ``FULCRUM_GEMV_CONFIG="bf16=4,2048,4;fp8=4,1024,4"`` overrides them (tuning runs).
+GPU_CONFIG: dict[str, tuple[int, ...]] = {"bf16": (4, 2048, 4), "fp8": (4, 1024, 4)}
 for _item in filter(None, os.environ.get("FULCRUM_GEMV_CONFIG", "").split(";")):
     _kind, _, _vals = _item.partition("=")
     GPU_CONFIG[_kind.strip()] = tuple(int(v) for v in _vals.split(","))
@@ -51,7 +49,7 @@ INTERPRET_CONFIG = (4, 32, 1)
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a linear layer should run this kernel for ``x [M, K]`` (CUDA callers only)."""
-    return x.shape[0] <= min(USE_MAX_M, MAX_M) and weight.numel() <= MAX_WEIGHT_ELEMS
+    return x.shape[0] <= min(USE_MAX_M, MAX_M) and weight.shape[1] == x.shape[1]
 
 
 @triton.jit
