@@ -38,9 +38,14 @@ from fulcrum.kernels import pdl
 # 6-14% (qkv, o_proj, down, gate_up, lm_head), FP8 by 2-44% against the FP8 GEMM path.
 MAX_M = 4
 USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
-# (block_n, block_k, num_warps) on CUDA by weight dtype; the interpreter's tiles.
-# ``FULCRUM_GEMV_CONFIG="bf16=4,2048,4;fp8=4,1024,4"`` overrides them (tuning runs).
-GPU_CONFIG: dict[str, tuple[int, ...]] = {"bf16": (4, 2048, 4), "fp8": (4, 1024, 4)}
+# (block_n, block_k, num_warps) on CUDA by weight element size: "bf16" (bf16/fp16, tuned),
+# "fp8" (tuned), "fp32" (not tuned: half the bf16 tile, the same register bytes); the
+# interpreter's tiles. ``FULCRUM_GEMV_CONFIG="bf16=4,2048,4;fp8=4,1024,4"`` overrides them.
+GPU_CONFIG: dict[str, tuple[int, ...]] = {
+    "bf16": (4, 2048, 4),
+    "fp8": (4, 1024, 4),
+    "fp32": (4, 1024, 4),
+}
 for _item in filter(None, os.environ.get("FULCRUM_GEMV_CONFIG", "").split(";")):
     _kind, _, _vals = _item.partition("=")
     GPU_CONFIG[_kind.strip()] = tuple(int(v) for v in _vals.split(","))
@@ -132,8 +137,8 @@ def gemv(
     if m == 0:
         return out
     if config is None:
-        fp8 = weight.dtype == torch.float8_e4m3fn
-        config = GPU_CONFIG["fp8" if fp8 else "bf16"] if x.is_cuda else INTERPRET_CONFIG
+        kind = {1: "fp8", 2: "bf16"}.get(weight.element_size(), "fp32")
+        config = GPU_CONFIG[kind] if x.is_cuda else INTERPRET_CONFIG
     block_n, block_k, warps = config
     block_k = min(block_k, triton.next_power_of_2(k))
     grid = (triton.cdiv(n, block_n),)
