@@ -88,28 +88,22 @@ def _gemv_kernel(
     # Before the wait: the weight is never written during a step.
     w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k[None, :] < K), other=0.0)
     pdl.wait(PDL)
-    if BLOCK_M == 1:  # products summed elementwise; one reduction at the end
-        acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            nk = k0 + BLOCK_K + offs_k
-            w_next = tl.load(
-                w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0
-            )
+    # One row: products summed elementwise, one reduction at the end. Several rows: a reduction
+    # per tile (the branch is resolved at compile time).
+    acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        nk = k0 + BLOCK_K + offs_k
+        w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0)
+        if BLOCK_M == 1:
             x = tl.load(x_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0)
             acc1 += w.to(tl.float32) * x.to(tl.float32)[None, :]
-            w = w_next
-        acc = tl.sum(acc1, axis=1)[None, :]
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            nk = k0 + BLOCK_K + offs_k
-            w_next = tl.load(
-                w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0
-            )
+        else:
             x = tl.load(x_ptrs + k0, mask=mask_m[:, None] & (k0 + offs_k[None, :] < K), other=0.0)
-            prod = w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
-            acc += tl.sum(prod, axis=2)
-            w = w_next
+            acc += tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
+        w = w_next
+    if BLOCK_M == 1:
+        acc = tl.sum(acc1, axis=1)[None, :]
     if HAS_SCALE:
         acc *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
