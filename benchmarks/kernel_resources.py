@@ -7,6 +7,11 @@ loop's SASS, by opcode): a kernel that issues too many per byte is bound by issu
     PYTHONPATH=src python benchmarks/kernel_resources.py --kernel decode --kv fp8 \
         --configs 64,2,6 128,4,5 64,4,5,96     (block_n,num_warps,num_stages[,maxnreg])
 
+``--kernel gemv`` does the same for the batch-1 GEMV (``kernels/gemv.py``, one row of x, K =
+4096) with ``--weight bf16|fp8|fp32`` and configs ``block_n,block_k,num_warps``, and reports the
+K loop's warp instructions per weight byte against what Hopper can issue per byte at 4.28 TB/s
+(132 SMs x 4 schedulers x 1.98 GHz / 4.28e12 B/s = 0.24).
+
 Arguments are specialised the way Triton's launcher does at run time (pointers and strides
 divisible by 16), or the loads would not be pipelined here while they are on the device.
 Occupancy limits use Hopper's 64K registers and 227 KB of shared memory per multiprocessor.
@@ -27,6 +32,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from fulcrum.kernels import decode_attention as decode_mod
+from fulcrum.kernels import gemv as gemv_mod
 from fulcrum.kernels import prefill_attention as prefill_mod
 
 REGS_PER_SM, SMEM_PER_SM = 65536, 232448
@@ -127,20 +133,51 @@ def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
     )
 
 
+ISSUE_PER_BYTE = 132 * 4 * 1.98e9 / 4.28e12  # warp instructions Hopper issues per HBM byte
+
+
+def report_gemv(weight: str, cfg: tuple[int, ...], arch: int) -> str:
+    block_n, block_k, warps = cfg
+    w_ty, elem = {"bf16": ("bf16", 2), "fp8": ("fp8e4nv", 1), "fp32": ("fp32", 4)}[weight]
+    act = "fp32" if weight == "fp32" else "bf16"
+    pointers = dict(x_ptr=f"*{act}", w_ptr=f"*{w_ty}", s_ptr="*fp32", b_ptr=f"*{act}")
+    pointers["out_ptr"] = f"*{act}"
+    const = dict(K=4096, HAS_SCALE=weight == "fp8", HAS_BIAS=False, BLOCK_M=1, PDL=0)
+    const |= dict(BLOCK_N=block_n, BLOCK_K=block_k)
+    k = _compile(gemv_mod._gemv_kernel, pointers, const, arch, warps, 1, None)
+    regs, spill, sass = _ptxas(k.asm["ptx"], arch)
+    loop = main_loop(sass)
+    per_sm = REGS_PER_SM // (regs * 32 * warps)
+    per_byte = sum(loop.values()) * warps / (block_n * block_k * elem)
+    return (
+        f"gemv    w={weight:<4s} bn={block_n:<3d} bk={block_k:<5d} w={warps}  regs {regs:3d}  "
+        f"spill {spill:4d} B  programs/SM {per_sm}  warps/SM {per_sm * warps:2d}\n"
+        f"        K loop: {sum(loop.values())} instructions per thread per tile, "
+        f"{per_byte:.3f} warp instructions per weight byte (issue limit at full bandwidth "
+        f"{ISSUE_PER_BYTE:.3f}): " + ", ".join(f"{op} {n}" for op, n in loop.most_common(8))
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kernel", choices=["decode", "prefill"], default="decode")
+    p.add_argument("--kernel", choices=["decode", "prefill", "gemv"], default="decode")
+    p.add_argument("--weight", choices=["bf16", "fp8", "fp32"], default="bf16", help="GEMV weight")
     p.add_argument("--kv", choices=["bf16", "fp8"], default="bf16", help="KV-cache dtype")
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (Hopper)")
     p.add_argument(
         "--configs",
         nargs="+",
         default=["64,2,3"],
-        help="launch configs, each block_n,num_warps,num_stages[,maxnreg]",
+        help="launch configs, each block_n,num_warps,num_stages[,maxnreg] "
+        "(gemv: block_n,block_k,num_warps)",
     )
     args = p.parse_args()
     for c in args.configs:
-        print(report(args.kernel, args.kv, tuple(int(x) for x in c.split(",")), args.arch))
+        cfg = tuple(int(x) for x in c.split(","))
+        if args.kernel == "gemv":
+            print(report_gemv(args.weight, cfg, args.arch))
+        else:
+            print(report(args.kernel, args.kv, cfg, args.arch))
 
 
 if __name__ == "__main__":
