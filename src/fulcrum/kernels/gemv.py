@@ -30,13 +30,13 @@ import torch
 import triton
 import triton.language as tl
 
-from fulcrum.kernels import pdl
+from fulcrum.kernels import GEMV_MAX_M, pdl
 
 # Rows of x per call. Up to MAX_M rows the kernel runs; the model uses it up to USE_MAX_M rows
 # (``FULCRUM_GEMV_MAX_M``; 0 turns it off). Measured on an H200 (``benchmarks/gemv_bench.py``,
 # BENCHMARKS.md) at batch 1 it beats cuBLAS on every linear layer of the 8B model: bf16 by
 # 6-14% (qkv, o_proj, down, gate_up, lm_head), FP8 by 2-44% against the FP8 GEMM path.
-MAX_M = 4
+MAX_M = GEMV_MAX_M
 USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
 # (block_n, block_k, num_warps) on CUDA by weight element size: "bf16" (bf16/fp16, tuned),
 # "fp8" (tuned), "fp32" (not tuned: half the bf16 tile, the same register bytes); the

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fulcrum.kernels import GEMV_MAX_M
 from fulcrum.kernels.quant_fp8 import FP8, per_token_quant_fp8_ref
 from fulcrum.model.layers.dispatch import use_triton
 from fulcrum.quant.base import QuantMethod, register_quant_method
@@ -81,7 +82,7 @@ class Fp8Linear(nn.Module):
             from fulcrum.kernels import gemv
             from fulcrum.kernels.quant_fp8 import per_token_quant_fp8
 
-            if gemv.use_gemv(x2, self.weight):
+            if x2.shape[0] <= GEMV_MAX_M and gemv.use_gemv(x2, self.weight):
                 y = gemv.gemv(x2, self.weight, self.bias, scale=self.weight_scale.view(-1))
                 return y.view(*x.shape[:-1], self.out_features)
             q, s = per_token_quant_fp8(x2)

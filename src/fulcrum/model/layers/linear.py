@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fulcrum.kernels import GEMV_MAX_M
 from fulcrum.model.layers.dispatch import use_triton
 
 
@@ -15,7 +16,8 @@ class Linear(nn.Linear):
     linear layer of an 8B model at batch 1; anything larger runs the BLAS GEMM."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and use_triton(x):
+        # the row count first: a prefill step pays one comparison per layer, not the dispatch
+        if x.shape[0] <= GEMV_MAX_M and x.dim() == 2 and use_triton(x):
             from fulcrum.kernels import gemv
 
             if gemv.use_gemv(x, self.weight):
