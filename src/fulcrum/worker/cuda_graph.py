@@ -6,12 +6,14 @@ A decode step of ``n`` requests runs the graph of the smallest bucket ``b >= n``
 reads the same static device buffers (sliced to ``b`` rows) and writes its logits into memory of
 one shared pool::
 
-    host (pinned, numpy views)               device (static, read by every graph)
-    tokens [3, B_max] int64  ── one copy ──► tokens[0] input ids | [1] positions | [2] slots
-    seq_lens [B_max] int32   ── one copy ──► seq_lens
-    table [n, width] int32   ── one copy ──► block_tables[:n, :width]   (rest: stale, unread)
-    (the runner's staging)
-                                             query_start_loc = 0, 1, ..., B_max  (constant)
+    host (pinned, numpy views)                 device (static, read by every graph)
+    ┌ tokens [3, B_max] int64 ┐                 tokens[0] input ids | [1] positions | [2] slots
+    │ patch  [2, B_max] int64 │ ── one copy ──► patch: rows of tokens[0] to fill from the
+    └ seq_lens [B_max] int32  ┘                        previous step's sampled ids (on device)
+                                                seq_lens
+    table [n, width] int32 ── a copy when it ─► block_tables[:n, :width]   (rest: stale, unread)
+    (the runner's staging)    changed (a new block)
+                                                query_start_loc = 0, 1, ..., B_max  (constant)
 
     rows:  0 .. n-1 real requests | n .. b-1 padding: id 0, position 0, slot -1 (KV not
            written), seq_len 0 (the decode kernel reads no KV and writes zeros)
@@ -134,16 +136,22 @@ class DecodeGraphs:
         self.device = device
         self.emulate = emulate or device.type != "cuda"
         b, dev = self.max_batch, device
-        # Device side: what every graph reads.
-        self.tokens = torch.zeros(3, b, dtype=torch.int64, device=dev)
-        self.seq_lens = torch.zeros(b, dtype=torch.int32, device=dev)
+        # Device side: what every graph reads. Tokens, patch rows and seq_lens share one buffer
+        # (int64 words: tokens [0, 3b), patch [3b, 5b), seq_lens as int32 after), one copy.
+        words = 5 * b + (b + 1) // 2
+        self._dev = torch.zeros(words, dtype=torch.int64, device=dev)
+        self.tokens = self._dev[: 3 * b].view(3, b)
+        self.patch = self._dev[3 * b : 5 * b].view(2, b)
+        self.seq_lens = self._dev[5 * b :].view(torch.int32)[:b]
         self.block_tables = torch.zeros(b, max_blocks, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=dev)
-        # Host side: pinned staging, filled through numpy views.
-        self._h_tokens = pinned((3, b), torch.int64, dev)
-        self._h_seq_lens = pinned((b,), torch.int32, dev)
-        self.h_tokens = self._h_tokens.numpy()
-        self.h_seq_lens = self._h_seq_lens.numpy()
+        # Host side: pinned staging of the same layout, filled through numpy views.
+        self._host = pinned((words,), torch.int64, dev)
+        h = self._host.numpy()
+        self.h_tokens = h[: 3 * b].reshape(3, b)
+        self.h_patch = h[3 * b : 5 * b].reshape(2, b)
+        self.h_seq_lens = h[5 * b :].view(np.int32)[:b]
+        self._table: np.ndarray | None = None  # the block table rows on the device now
         self.graphs: dict[int, torch.cuda.CUDAGraph | EmulatedGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.pool = None
@@ -184,9 +192,9 @@ class DecodeGraphs:
         self.h_tokens[1] = 0
         self.h_tokens[2] = -1
         self.h_seq_lens[:] = 0
-        self.tokens.copy_(self._h_tokens)
-        self.seq_lens.copy_(self._h_seq_lens)
+        self._dev.copy_(self._host)
         self.block_tables.zero_()
+        self._table = None
 
     @torch.inference_mode()
     def capture(self) -> float:
@@ -220,10 +228,13 @@ class DecodeGraphs:
         positions: np.ndarray,  # [n] int64
         slots: np.ndarray,  # [n] int64
         table: torch.Tensor,  # [n, width] int32, contiguous host tensor (pinned on CUDA)
+        dst: list[int] | None = None,  # rows of input_ids that the previous step sampled ...
+        src: list[int] | None = None,  # ... and their rows in its sampled ids
     ) -> int:
         """Copy one decode step of ``n`` requests into the static inputs; returns its bucket.
-        The host buffers must not change until the copies are done (the runner's staging fence,
-        recorded after this call, guards them)."""
+        ``patch[:, :len(dst)]`` then holds ``dst``/``src`` on the device. The host buffers must
+        not change until the copies are done (the runner's staging fence, recorded after this
+        call, guards them)."""
         n, width = table.shape
         b = self.bucket(n)
         assert b is not None and width <= self.max_blocks
@@ -237,9 +248,15 @@ class DecodeGraphs:
         hs = self.h_seq_lens
         np.add(positions, 1, out=hs[:n], casting="unsafe")
         hs[n:b] = 0
-        self.tokens.copy_(self._h_tokens, non_blocking=True)
-        self.seq_lens.copy_(self._h_seq_lens, non_blocking=True)
-        self.block_tables[:n, :width].copy_(table, non_blocking=True)
+        if dst:
+            self.h_patch[0, : len(dst)] = dst
+            self.h_patch[1, : len(dst)] = src
+        self._dev.copy_(self._host, non_blocking=True)
+        rows = table.numpy()
+        last = self._table
+        if last is None or last.shape != rows.shape or not np.array_equal(last, rows):
+            self.block_tables[:n, :width].copy_(table, non_blocking=True)
+            self._table = rows.copy()
         return b
 
     def replay(self, b: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:

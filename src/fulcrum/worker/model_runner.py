@@ -31,6 +31,7 @@ from fulcrum.config import EngineConfig
 from fulcrum.engine.protocol import Logprobs
 from fulcrum.engine.request import Request
 from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
+from fulcrum.model.layers.dispatch import use_triton
 from fulcrum.model.loader.weights import load_model
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.cuda_graph import DecodeGraphs, HostStaging, capture_sizes
@@ -133,7 +134,8 @@ class ModelRunner:
         mc = self.config.model_config
         shape = (2, 1, self.block_size, mc.num_kv_heads, mc.head_dim)
         scratch = [
-            torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(mc.num_layers)
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            for _ in range(mc.num_layers)
         ]
         q_len = min(self.block_size, num_tokens)
         lens = [q_len] + [1] * (num_tokens - q_len)
@@ -167,7 +169,8 @@ class ModelRunner:
         # Zeroed, not empty: the FP8 kernels read V a whole page at a time and weight the tokens
         # past a sequence's end by 0, which needs them finite.
         self.kv_caches = [
-            torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(mc.num_layers)
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            for _ in range(mc.num_layers)
         ]
         self.num_blocks = num_blocks
         if self.device.type == "cuda" and not self.config.enforce_eager:
@@ -291,15 +294,29 @@ class ModelRunner:
         return sampled, self._logprobs(h.reqs, lps, ids, ranks)
 
     def _decode_step(
-        self, ids: np.ndarray, pos: np.ndarray, dst: list[int], src: list[int], states: list[ReqState]
+        self,
+        ids: np.ndarray,
+        pos: np.ndarray,
+        dst: list[int],
+        src: list[int],
+        states: list[ReqState],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits of a pure-decode batch, and their greedy ids when a CUDA graph computed them."""
         bs, n = self.block_size, len(ids)
         table = self.inputs.table(states, int(pos.max()) // bs + 1)
         slots = table.numpy()[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
         if self.use_cuda_graphs and self.graphs is not None and self.graphs.bucket(n):
-            b = self.graphs.stage(ids, pos, slots, table)
-            self._patch(self.graphs.tokens[0, :n], dst, src)
+            g = self.graphs
+            b = g.stage(ids, pos, slots, table, dst, src)
+            if dst:  # the ids the previous step sampled, still on the device
+                assert self._prev_sampled is not None
+                ids, rows = g.tokens[0], g.patch[:, : len(dst)]
+                if use_triton(ids):
+                    from fulcrum.kernels.scatter import gather_scatter
+
+                    gather_scatter(ids, rows, self._prev_sampled)  # one launch, not two
+                else:
+                    ids.index_copy_(0, rows[0], self._prev_sampled.index_select(0, rows[1]))
             self._staging.fence()
             return self.graphs.replay(b, n)
         seq_lens = pos + 1
@@ -392,7 +409,9 @@ class ModelRunner:
         host, event = self._to_host(sampled, *extra)
         return StepHandle(host[0], event, host[1:] or None, reqs if extra else None)
 
-    def _to_host(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+    def _to_host(
+        self, *tensors: torch.Tensor
+    ) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
         """Start copying device tensors to (pinned) host memory; the event marks them done."""
         if self.device.type != "cuda":  # copies too: graph outputs are overwritten by the next step
             return [t.clone() for t in tensors], None
