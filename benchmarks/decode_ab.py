@@ -37,6 +37,12 @@ SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL, rotary fused with the 
     "cublas+pdl unfused-rope": ("cublas", 64, True, False, 0),  # rotary, then reshape_and_cache
     "gemv+pdl": ("cublas", 64, True, True, 1),  # batch 1's linear layers on the Triton GEMV
     "gemv": ("cublas", 64, False, True, 1),
+    # every Triton grid, however large, releases the next kernel right after its wait
+    "gemv+pdl early-all": ("cublas", 64, True, True, 1),
+    # decode attention split at most 16 / 8 ways (batch 1 takes 32 by default)
+    "gemv+pdl splits16": ("cublas", 64, True, True, 1),
+    "gemv+pdl splits8": ("cublas", 64, True, True, 1),
+    "gemv+pdl early-all splits16": ("cublas", 64, True, True, 1),
 }
 
 
@@ -48,7 +54,10 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     import torch
 
     import fulcrum.attention.triton_backend as tb
+    import fulcrum.kernels.decode_attention as dm
     from fulcrum.kernels import gemv, pdl
+
+    max_splits = dm.MAX_SPLITS
 
     lib0 = torch.backends.cuda.preferred_blas_library()
     default = (lib0, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M)
@@ -56,10 +65,13 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     for _ in range(rounds):
         for name in names:
             lib, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M = SETTINGS[name]
+            pdl.EARLY_MAX_WAVES = 10**9 if "early-all" in name else 1
+            dm.MAX_SPLITS = int(name.rsplit("splits", 1)[1]) if "splits" in name else max_splits
             torch.backends.cuda.preferred_blas_library(lib)
             times.setdefault(name, []).append(_graph_ms(runner, b))
     torch.backends.cuda.preferred_blas_library(lib0)
     _, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M = default
+    pdl.EARLY_MAX_WAVES, dm.MAX_SPLITS = 1, max_splits
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 

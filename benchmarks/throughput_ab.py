@@ -7,6 +7,9 @@
     nopdl     the engine without programmatic dependent launch of its Triton kernels
     nopw      the engine without piecewise CUDA graphs for prefill/mixed steps (eager)
     nogemv    the engine with batch 1's linear layers on cuBLAS (not the Triton GEMV)
+    early     every Triton grid releases the next kernel right after its wait (PDL), not only
+              grids of at most one program per SM
+    splits16  decode attention split at most 16 ways (32 by default)
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
               (block_n,num_warps,num_stages[,maxnreg])
@@ -55,6 +58,14 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         from fulcrum.kernels import gemv
 
         gemv.USE_MAX_M = 0
+    if name == "early":
+        from fulcrum.kernels import pdl
+
+        pdl.EARLY_MAX_WAVES = 10**9
+    if name == "splits16":
+        import fulcrum.kernels.decode_attention as da
+
+        da.MAX_SPLITS = 16
     if name == "nopdl":
         from fulcrum.kernels import pdl
 

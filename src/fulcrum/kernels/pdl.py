@@ -31,6 +31,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 OFF, WAIT, EARLY = 0, 1, 2
 # Read at each launch: a CUDA graph keeps the launches it captured.
 ENABLED = os.environ.get("FULCRUM_PDL", "1") != "0"
+# Grids of up to this many SM counts release the next kernel early (benchmarks may raise it).
+EARLY_MAX_WAVES = 1
 
 
 @functools.cache
@@ -47,7 +49,7 @@ def mode(t: torch.Tensor, programs: int) -> int:
     hopper, sms = _device(index)
     if not hopper:
         return OFF
-    return EARLY if programs <= sms else WAIT
+    return EARLY if programs <= sms * EARLY_MAX_WAVES else WAIT
 
 
 def launch_options(m: int) -> dict[str, bool]:
