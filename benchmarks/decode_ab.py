@@ -43,6 +43,11 @@ SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL, rotary fused with the 
     "gemv+pdl splits16": ("cublas", 64, True, True, 1),
     "gemv+pdl splits8": ("cublas", 64, True, True, 1),
     "gemv+pdl early-all splits16": ("cublas", 64, True, True, 1),
+    # decode attention splits of at least 128 / 256 / 512 tokens (MIN_SPLIT_TOKENS)
+    "gemv+pdl minsplit128": ("cublas", 64, True, True, 1),
+    "gemv+pdl minsplit256": ("cublas", 64, True, True, 1),
+    "gemv+pdl minsplit512": ("cublas", 64, True, True, 1),
+    "gemv+pdl splits4": ("cublas", 64, True, True, 1),
 }
 
 
@@ -57,7 +62,7 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     import fulcrum.kernels.decode_attention as dm
     from fulcrum.kernels import gemv, pdl
 
-    max_splits = dm.MAX_SPLITS
+    max_splits, min_split = dm.MAX_SPLITS, dm.MIN_SPLIT_TOKENS
 
     lib0 = torch.backends.cuda.preferred_blas_library()
     default = (lib0, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M)
@@ -66,12 +71,15 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
         for name in names:
             lib, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M = SETTINGS[name]
             pdl.EARLY_MAX_WAVES = 10**9 if "early-all" in name else 1
-            dm.MAX_SPLITS = int(name.rsplit("splits", 1)[1]) if "splits" in name else max_splits
+            dm.MAX_SPLITS = int(name.rsplit("splits", 1)[1]) if " splits" in name else max_splits
+            dm.MIN_SPLIT_TOKENS = (
+                int(name.rsplit("minsplit", 1)[1]) if "minsplit" in name else min_split
+            )
             torch.backends.cuda.preferred_blas_library(lib)
             times.setdefault(name, []).append(_graph_ms(runner, b))
     torch.backends.cuda.preferred_blas_library(lib0)
     _, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M = default
-    pdl.EARLY_MAX_WAVES, dm.MAX_SPLITS = 1, max_splits
+    pdl.EARLY_MAX_WAVES, dm.MAX_SPLITS, dm.MIN_SPLIT_TOKENS = 1, max_splits, min_split
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 
@@ -79,6 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=384, help="second batch size (0: batch 1 only)")
     ap.add_argument("--rounds", type=int, default=3, help="timed replays per setting")
+    ap.add_argument("--ctx", type=int, default=1000, help="the single request's context")
     ap.add_argument(
         "--fp8", action="store_true", help="FP8 weights and KV cache (--quantization fp8)"
     )
@@ -102,9 +111,9 @@ def main() -> None:
         llm._add([rng.randrange(1000, 120000) for _ in range(n_in)], sp)
 
     res = {}
-    add(1000)
+    add(args.ctx)
     _step_until(core, lambda: all(r.num_output_tokens > 2 for r in core.scheduler.running))
-    res["batch_1_ctx_1000_ms"] = _ab(core.runner, 1, args.rounds, args.settings)
+    res[f"batch_1_ctx_{args.ctx}_ms"] = _ab(core.runner, 1, args.rounds, args.settings)
     print(json.dumps(res), flush=True)
     core.abort_requests(list(core.scheduler.requests))
     _step_until(core, lambda: not core.has_unfinished_requests())

@@ -10,6 +10,7 @@
     early     every Triton grid releases the next kernel right after its wait (PDL), not only
               grids of at most one program per SM
     splits16  decode attention split at most 16 ways (32 by default)
+    minsplit<N>  decode attention splits of at least N tokens (MIN_SPLIT_TOKENS)
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
               (block_n,num_warps,num_stages[,maxnreg])
@@ -66,6 +67,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         import fulcrum.kernels.decode_attention as da
 
         da.MAX_SPLITS = 16
+    if name.startswith("minsplit"):
+        import fulcrum.kernels.decode_attention as da
+
+        da.MIN_SPLIT_TOKENS = int(name.removeprefix("minsplit"))
     if name == "nopdl":
         from fulcrum.kernels import pdl
 

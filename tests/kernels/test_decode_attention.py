@@ -108,3 +108,17 @@ def test_decode_fp8_cache_matches_ref(num_splits: int, page_size: int, head_dim:
     out = decode_attention(q, cache, meta.block_tables, meta.seq_lens, 0.125, num_splits=num_splits)
     ref = decode_attention_ref(q, cache, meta.block_tables, meta.seq_lens, 0.125)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("min_split", [16, 32, 100])
+def test_decode_min_split_tokens(min_split: int) -> None:
+    """Splits of at least ``min_split`` tokens (rounded up to the tile): a short context works
+    in fewer splits, the idle ones write lse = -inf, and the rows stay exact."""
+    g = torch.Generator().manual_seed(min_split)
+    seq_lens = [1, 37, 16, 70, 130]
+    cache, meta = make_paged_batch(seq_lens, [1] * len(seq_lens), 2, 64, 4, generator=g)
+    q = torch.randn(len(seq_lens), 8, 64, generator=g)
+    args = (q, cache, meta.block_tables, meta.seq_lens, 0.125)
+    out = decode_attention(*args, num_splits=4, min_split_tokens=min_split)
+    ref = decode_attention_ref(*args)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)

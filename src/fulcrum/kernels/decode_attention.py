@@ -44,6 +44,10 @@ from fulcrum.kernels.kv_dtype import (
 from fulcrum.kv_cache.dtype import is_fp8, v_rows, v_token_major
 
 MAX_SPLITS = 32
+# A split takes at least this many tokens (rounded up to the tile), so a short context runs on
+# fewer, longer programs while a long one still spreads over every split: the split count stays
+# a function of the batch shape (graph-safe) and the context decides how many of them work.
+MIN_SPLIT_TOKENS = 0
 # How an FP8 cache's tiles meet the tensor cores on CUDA:
 #   "widen"  K/V widened to the query's dtype (bf16: e4m3 -> bf16 has no single instruction)
 #   "fp16"   K/V widened to fp16 (one instruction per pair; exact: every e4m3 value is an fp16
@@ -69,7 +73,7 @@ INTERPRET_CONFIG: dict[str, int] = {"block_n": 16, "num_warps": 4, "num_stages":
 # The block-table row stride is 1 in the start-up profiling step, a multiple of 16 in the decode
 # graphs and anything in eager steps (the widest request's block count): unspecialised, one
 # compiled variant serves them all instead of a compile at the first few requests.
-@triton.jit(do_not_specialize=["num_splits", "stride_plh", "stride_bt"])
+@triton.jit(do_not_specialize=["num_splits", "min_split", "stride_plh", "stride_bt"])
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -96,6 +100,7 @@ def _decode_split_kernel(
     stride_plr,
     stride_plh,
     num_splits,
+    min_split,  # fewest tokens a split takes (a multiple of BLOCK_N); splits past the end idle
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -120,7 +125,7 @@ def _decode_split_kernel(
     if tl.load(qsl_ptr + b + 1) - q_row != 1:
         return
     seq_len = tl.load(seq_lens_ptr + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N, min_split)
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
@@ -297,6 +302,7 @@ def decode_attention(
     num_splits: int | None = None,
     workspace: DecodeWorkspace | None = None,
     order: torch.Tensor | None = None,  # [num_reqs] int: a permutation, longest contexts first
+    min_split_tokens: int | None = None,  # None: MIN_SPLIT_TOKENS on CUDA, 0 elsewhere
 ) -> torch.Tensor:
     """Attention of each single-token request's query over its whole paged context.
 
@@ -323,6 +329,10 @@ def decode_attention(
     cfg = INTERPRET_CONFIG
     if q.is_cuda:
         cfg = FP8_GPU_CONFIG if is_fp8(kv_cache.dtype) else GPU_CONFIG
+    block_n = tile_tokens(cfg["block_n"], kv_cache)
+    if min_split_tokens is None:
+        min_split_tokens = MIN_SPLIT_TOKENS if q.is_cuda else 0
+    min_split = -(-min_split_tokens // block_n) * block_n
     m = pdl.mode(q, num_reqs * num_kv_heads * num_splits)
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
         q,
@@ -350,13 +360,14 @@ def decode_attention(
         part_lse.stride(0),
         part_lse.stride(1),
         num_splits,
+        min_split,
         GROUP=group,
         HEAD_DIM=head_dim,
         PAGE_SIZE=page_size,
         SPLIT=num_splits > 1,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_N=tile_tokens(cfg["block_n"], kv_cache),
+        BLOCK_N=block_n,
         PRECISION=dot_precision(q, kv_cache),
         COMPUTE=compute_dtype(q, kv_cache),
         FP8_MODE=FP8_MODES[FP8_MODE] if is_fp8(kv_cache.dtype) and q.is_cuda else 0,
