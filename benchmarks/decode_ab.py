@@ -26,7 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h200 as g  # noqa: E402
-from gpu_profile import _step_until  # noqa: E402
+from gpu_profile import _all_decoding, _step_until  # noqa: E402
 
 SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL, rotary fused with the KV write,
     #                most rows of a linear layer that run the Triton GEMV)
@@ -112,7 +112,7 @@ def main() -> None:
 
     res = {}
     add(args.ctx)
-    _step_until(core, lambda: all(r.num_output_tokens > 2 for r in core.scheduler.running))
+    _step_until(core, lambda: _all_decoding(core, 2))
     res[f"batch_1_ctx_{args.ctx}_ms"] = _ab(core.runner, 1, args.rounds, args.settings)
     print(json.dumps(res), flush=True)
     core.abort_requests(list(core.scheduler.requests))

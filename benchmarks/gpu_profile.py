@@ -40,6 +40,17 @@ def _step_until(core, pred, limit: int = 100000) -> None:
         core.step()
 
 
+def _all_decoding(core, min_out: int) -> bool:
+    """Every request admitted (none waiting) and past ``min_out`` output tokens. (An empty
+    running set alone would pass a bare ``all(...)`` before the first step ran.)"""
+    sched = core.scheduler
+    return (
+        bool(sched.running)
+        and not sched.waiting
+        and all(r.num_output_tokens > min_out for r in sched.running)
+    )
+
+
 def _sync() -> None:
     import torch
 
@@ -183,7 +194,7 @@ def main() -> None:
 
     # 1. batch 1
     _add(llm, 1, 1000 // smoke, 400, 1)
-    _step_until(core, lambda: all(r.num_output_tokens > 2 for r in core.scheduler.running))
+    _step_until(core, lambda: _all_decoding(core, 2))
     res["decode_b1"] = {
         "graph_replay_ms": _replay_ms(core.runner, 1),
         **_wall_ms(core, 30),

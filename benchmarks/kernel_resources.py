@@ -36,7 +36,12 @@ from fulcrum.kernels import gemv as gemv_mod
 from fulcrum.kernels import prefill_attention as prefill_mod
 
 REGS_PER_SM, SMEM_PER_SM = 65536, 232448
-UNSPECIALISED = {"scale_log2", "num_splits", "min_split", "stride_plh"}  # floats and do_not_specialize args
+UNSPECIALISED = {
+    "scale_log2",
+    "num_splits",
+    "min_split",
+    "stride_plh",
+}  # floats and do_not_specialize args
 
 
 def _compile(fn, pointers: dict[str, str], const: dict, arch: int, warps: int, stages: int, regs):

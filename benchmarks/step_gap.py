@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h200 as g  # noqa: E402
-from gpu_profile import _add, _step_until  # noqa: E402
+from gpu_profile import _add, _all_decoding, _step_until  # noqa: E402
 
 
 def main() -> None:
@@ -45,7 +45,7 @@ def main() -> None:
         print("needs CUDA graphs (a CUDA device, not --enforce-eager)")
         return
     _add(llm, 1, args.ctx, args.steps + 50, 1)
-    _step_until(core, lambda: all(r.num_output_tokens > 3 for r in core.scheduler.running))
+    _step_until(core, lambda: _all_decoding(core, 3))
 
     marks: list[dict[str, torch.cuda.Event]] = []
 

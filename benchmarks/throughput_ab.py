@@ -9,7 +9,7 @@
     nogemv    the engine with batch 1's linear layers on cuBLAS (not the Triton GEMV)
     early     every Triton grid releases the next kernel right after its wait (PDL), not only
               grids of at most one program per SM
-    splits16  decode attention split at most 16 ways (32 by default)
+    splits<N>  decode attention split at most N ways (32 by default)
     minsplit<N>  decode attention splits of at least N tokens (MIN_SPLIT_TOKENS)
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
@@ -63,10 +63,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         from fulcrum.kernels import pdl
 
         pdl.EARLY_MAX_WAVES = 10**9
-    if name == "splits16":
+    if name.startswith("splits"):
         import fulcrum.kernels.decode_attention as da
 
-        da.MAX_SPLITS = 16
+        da.MAX_SPLITS = int(name.removeprefix("splits"))
     if name.startswith("minsplit"):
         import fulcrum.kernels.decode_attention as da
 
