@@ -331,3 +331,32 @@ def test_gemv_llama8b(m: int, fp8: bool) -> None:
         graph.replay()
         h3, _ = fused_add_rms_norm(x_static, res, nw, 1e-5)
         torch.testing.assert_close(out2.float(), lin(h3.float(), wf, bf), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_norm_gemv_llama8b(fp8: bool) -> None:
+    """RMSNorm with the residual add fused into the GEMV at the 8B shapes, in a CUDA graph after
+    the kernel that writes its input: the new residual exact, the output within the unfused
+    norm's bf16 rounding of norm-then-GEMV."""
+    from fulcrum.kernels.gemv import gemv, norm_gemv
+    from fulcrum.quant.fp8 import quantize_rows
+
+    _gen(13)
+    for n, k in ((6144, 4096), (28672, 4096), (128256, 4096)):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        scale = None
+        if fp8:
+            w, scale = quantize_rows(w)
+        nw = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        res = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        prev = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            x_in = gemv(prev, torch.eye(k, device="cuda", dtype=torch.bfloat16)) + x
+            out, h = norm_gemv(x_in, res, nw, 1e-5, w, scale=scale)
+        graph.replay()
+        normed, want_h = fused_add_rms_norm(x_in, res, nw, 1e-5)
+        assert torch.equal(h, want_h)
+        ref = gemv(normed, w, scale=scale)
+        torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)

@@ -77,3 +77,63 @@ def test_gemv_fp8_weight_with_row_scales(m: int) -> None:
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     # and close to the full-precision product (e4m3 keeps ~2 significant digits)
     assert (out - F.linear(x, w, b)).abs().max() < 0.05 * F.linear(x, w).abs().max() + 0.01
+
+
+def _norm_ref(h: torch.Tensor, nw: torch.Tensor, eps: float) -> torch.Tensor:
+    """The normalized row in fp32 (not rounded to h's dtype: the fused kernel never rounds it)."""
+    hf = h.float()
+    return hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * nw.float()
+
+
+@pytest.mark.parametrize(
+    ("residual", "bias", "fp8", "config"),
+    [
+        (False, False, False, (8, 16, 1)),  # first layer: RMSNorm of x, several K tiles
+        (True, True, False, (8, 16, 1)),  # x + residual, bias, a ragged last K tile
+        (True, False, False, (4, 128, 2)),  # one K tile wider than K
+        (True, False, True, (8, 32, 1)),  # an FP8 weight with row scales
+    ],
+)
+def test_norm_gemv_matches_norm_then_linear(residual: bool, bias: bool, fp8: bool, config):
+    """RMSNorm (with the residual add) fused into the GEMV: ``(W (w_n * h)) * rstd``, and
+    ``h = x + residual`` returned as the next residual."""
+    from fulcrum.kernels.gemv import norm_gemv
+    from fulcrum.quant.fp8 import quantize_rows
+
+    g = torch.Generator().manual_seed(int(residual) + 2 * int(bias) + 4 * int(fp8))
+    k, n, eps = 72, 21, 1e-5
+    x = torch.randn(1, k, generator=g) * 3
+    res = torch.randn(1, k, generator=g) if residual else None
+    nw = torch.rand(k, generator=g) + 0.5
+    w = torch.randn(n, k, generator=g) * 0.05
+    b = torch.randn(n, generator=g) if bias else None
+    scale = None
+    if fp8:
+        w, scale = quantize_rows(w)
+    out, h = norm_gemv(x, res, nw, eps, w, b, config=config, scale=scale)
+    want_h = x + res if residual else x
+    assert torch.equal(h, want_h)
+    wf = w.float() * (scale[:, None] if scale is not None else 1.0)
+    ref = F.linear(_norm_ref(want_h, nw, eps), wf, b)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_norm_gemv_bf16_close_to_the_unfused_pair() -> None:
+    """bf16: within the unfused norm's rounding of the normalized row of norm-then-GEMV."""
+    from fulcrum.kernels.gemv import norm_gemv
+    from fulcrum.kernels.rmsnorm import fused_add_rms_norm_ref
+
+    g = torch.Generator().manual_seed(9)
+    x, res = (torch.randn(1, 128, generator=g).bfloat16() for _ in range(2))
+    nw = (torch.rand(128, generator=g) + 0.5).bfloat16()
+    w = (torch.randn(40, 128, generator=g) * 0.05).bfloat16()
+    out, h = norm_gemv(x, res, nw, 1e-5, w, config=(8, 32, 1))
+    normed, want_h = fused_add_rms_norm_ref(x, res, nw, 1e-5)
+    assert out.dtype == torch.bfloat16
+    # one bf16 step apart at most: the interpreter casts fp32 -> bf16 by truncation (CUDA
+    # rounds to nearest, as torch does)
+    torch.testing.assert_close(h.float(), want_h.float(), atol=0, rtol=1 / 128)
+    unfused = F.linear(normed.float(), w.float())
+    torch.testing.assert_close(out.float(), unfused, atol=2e-2, rtol=2e-2)
+    with pytest.raises(ValueError, match="norm_gemv"):
+        norm_gemv(torch.randn(2, 128).bfloat16(), None, nw, 1e-5, w)

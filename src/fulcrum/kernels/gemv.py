@@ -38,6 +38,9 @@ from fulcrum.kernels import GEMV_MAX_M, pdl
 # 6-14% (qkv, o_proj, down, gate_up, lm_head), FP8 by 2-44% against the FP8 GEMM path.
 MAX_M = GEMV_MAX_M
 USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
+# RMSNorm (and the residual add) fused into the one-row GEMV after it (``norm_gemv``): off until
+# measured on the device; ``FULCRUM_GEMV_NORM=1`` turns it on.
+FUSE_NORM = os.environ.get("FULCRUM_GEMV_NORM", "0") == "1"
 # (block_n, block_k, num_warps) on CUDA by weight element size: "bf16" (bf16/fp16, tuned),
 # "fp8" (tuned), "fp32" (not tuned: half the bf16 tile, the same register bytes); the
 # interpreter's tiles. ``FULCRUM_GEMV_CONFIG="bf16=4,2048,4;fp8=4,1024,4"`` overrides them.
@@ -64,6 +67,10 @@ def _gemv_kernel(
     s_ptr,
     b_ptr,
     out_ptr,
+    res_ptr,  # NORM == 2: the residual added to x
+    nw_ptr,  # NORM > 0: the RMSNorm weight [K]
+    new_res_ptr,  # NORM == 2: x + residual, written by program 0
+    eps,
     M,
     N,
     stride_xm,
@@ -72,6 +79,7 @@ def _gemv_kernel(
     K: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr,  # 0: x as given; 1: RMSNorm(x); 2: RMSNorm(x + residual) (BLOCK_M 1)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -92,18 +100,30 @@ def _gemv_kernel(
     # per tile (the branch is resolved at compile time).
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_K], dtype=tl.float32)  # NORM: sum of squares of the row, elementwise
     for k0 in range(0, K, BLOCK_K):
         nk = k0 + BLOCK_K + offs_k
         w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0)
         if BLOCK_M == 1:
-            x = tl.load(x_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0)
-            acc1 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            mask_k = k0 + offs_k < K
+            x = tl.load(x_ptr + k0 + offs_k, mask=mask_k, other=0.0)
+            if NORM == 2:  # the new residual, rounded as the unfused add rounds it
+                r = tl.load(res_ptr + k0 + offs_k, mask=mask_k, other=0.0)
+                x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+                tl.store(new_res_ptr + k0 + offs_k, x, mask=mask_k & (pid == 0))
+            xf = x.to(tl.float32)
+            if NORM != 0:
+                sq += xf * xf
+                xf = xf * tl.load(nw_ptr + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            acc1 += w.to(tl.float32) * xf[None, :]
         else:
             x = tl.load(x_ptrs + k0, mask=mask_m[:, None] & (k0 + offs_k[None, :] < K), other=0.0)
             acc += tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
         w = w_next
     if BLOCK_M == 1:
         acc = tl.sum(acc1, axis=1)[None, :]
+        if NORM != 0:  # W (w_norm * x) * rstd: the row's scale applied once, to the sums
+            acc *= tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
     if HAS_SCALE:
         acc *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
@@ -120,6 +140,36 @@ def gemv(
     scale: torch.Tensor | None = None,  # [N] fp32, one per weight row (an FP8 weight's)
 ) -> torch.Tensor:
     """``(x @ weight.T) * scale + bias`` for a few rows of ``x``, in ``x``'s dtype."""
+    return _launch(x, weight, bias, config, scale, None, None)[0]
+
+
+def norm_gemv(
+    x: torch.Tensor,  # [1, K]
+    residual: torch.Tensor | None,  # [1, K] or None
+    norm_weight: torch.Tensor,  # [K]
+    eps: float,
+    weight: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,
+    config: tuple[int, int, int] | None = None,
+    scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of one row, then the GEMV, in one kernel (no norm launch before it): with
+    ``h = x`` or ``h = x + residual`` (rounded to x's dtype), returns ``(y, h)`` where
+    ``y = (W (norm_weight * h)) * rsqrt(mean(h^2) + eps) * scale + bias``.
+
+    Every program accumulates the row's sum of squares from the tiles of ``h`` it reads anyway
+    and scales its sums by the row's rsqrt at the end, so the normalized row is never rounded
+    to x's dtype as the unfused norm rounds it: results differ from norm-then-GEMV by that
+    rounding only. Program 0 writes ``h`` (the next residual)."""
+    if x.shape[0] != 1:
+        raise ValueError(f"norm_gemv: one row of x, got {tuple(x.shape)}")
+    assert norm_weight.is_contiguous() and norm_weight.shape == (x.shape[1],)
+    out, h = _launch(x, weight, bias, config, scale, (norm_weight, eps), residual)
+    assert h is not None
+    return out, h
+
+
+def _launch(x, weight, bias, config, scale, norm, residual):
     m, k = x.shape
     n, k_w = weight.shape
     if m > MAX_M or k != k_w:
@@ -128,8 +178,14 @@ def gemv(
         x = x.contiguous()
     assert weight.stride(-1) == 1
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    new_res = None
+    if residual is not None:
+        if residual.dtype != x.dtype or residual.stride(-1) != 1:
+            residual = residual.to(x.dtype).contiguous()
+        assert residual.shape == x.shape
+        new_res = torch.empty_like(x)
     if m == 0:
-        return out
+        return out, new_res
     if config is None:
         kind = {1: "fp8", 2: "bf16"}.get(weight.element_size(), "fp32")
         config = GPU_CONFIG[kind] if x.is_cuda else INTERPRET_CONFIG
@@ -145,6 +201,10 @@ def gemv(
         scale if scale is not None else weight,
         bias if bias is not None else weight,
         out,
+        residual if residual is not None else x,
+        norm[0] if norm is not None else x,
+        new_res if new_res is not None else x,
+        norm[1] if norm is not None else 0.0,
         m,
         n,
         x.stride(0),
@@ -153,6 +213,7 @@ def gemv(
         K=k,
         HAS_SCALE=scale is not None,
         HAS_BIAS=bias is not None,
+        NORM=0 if norm is None else 1 if residual is None else 2,
         BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
@@ -160,4 +221,4 @@ def gemv(
         num_warps=warps,
         **pdl.launch_options(mode),
     )
-    return out
+    return out, (new_res if residual is not None else x)

@@ -14,7 +14,7 @@ from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
 from fulcrum.model.layers.activation import silu_and_mul
-from fulcrum.model.layers.linear import Linear
+from fulcrum.model.layers.linear import Linear, norm_linear
 from fulcrum.model.layers.norm import RMSNorm
 from fulcrum.model.layers.rotary import RotaryEmbedding
 from fulcrum.quant.base import QuantMethod
@@ -76,19 +76,20 @@ class Attention(nn.Module):
         self.rope = rope
         self.backend = backend
 
-    def project(self, x, positions, kv_cache, slot_mapping) -> tuple[torch.Tensor, ...]:
-        """q ``[T, heads, D]`` and k, v ``[T, kv_heads, D]``, rotary applied; this step's K/V
-        rows written into ``kv_cache`` at ``slot_mapping``."""
+    def project(self, qkv, positions, kv_cache, slot_mapping) -> tuple[torch.Tensor, ...]:
+        """q ``[T, heads, D]`` and k, v ``[T, kv_heads, D]`` from ``qkv_proj``'s output, rotary
+        applied; this step's K/V rows written into ``kv_cache`` at ``slot_mapping``."""
         a = self.a
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, a.num_heads, a.head_dim)
         k = k.view(-1, a.num_kv_heads, a.head_dim)
         v = v.view(-1, a.num_kv_heads, a.head_dim)
         q, k = self.backend.rope_and_write_kv(self.rope, positions, q, k, v, kv_cache, slot_mapping)
         return q, k, v
 
-    def forward(self, x, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.project(x, positions, kv_cache, meta.slot_mapping)
+    def forward(self, qkv, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """``o_proj`` of the attention rows, from ``qkv_proj``'s output."""
+        q, k, v = self.project(qkv, positions, kv_cache, meta.slot_mapping)
         o = self.backend.attend(q, k, v, kv_cache, meta)
         return self.o_proj(o.reshape(-1, self.q_size))
 
@@ -100,7 +101,11 @@ class MLP(nn.Module):
         self.down_proj = _linear(a.intermediate_size, a.hidden_size, False, quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down(self.gate_up_proj(x))
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The MLP's output from ``gate_up_proj``'s."""
+        return self.down_proj(silu_and_mul(gate_up))
 
 
 class DecoderLayer(nn.Module):
@@ -117,26 +122,24 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
+    # Each norm runs with the projection after it (``norm_linear``: one kernel at batch 1).
     def forward(self, x, residual, positions, kv_cache, meta):
-        h, residual = self._norm_in(x, residual)
-        h = self.self_attn(h, positions, kv_cache, meta)
+        qkv, residual = norm_linear(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
+        h = self.self_attn(qkv, positions, kv_cache, meta)
         return self.after_attention(h, residual)
-
-    def _norm_in(self, x, residual):
-        if residual is None:
-            return self.input_layernorm(x), x
-        return self.input_layernorm(x, residual)
 
     # The layer in two halves around attention, for CUDA graphs captured piecewise.
     def before_attention(self, x, residual, positions, kv_cache, slot_mapping):
         """``(q, k, v, residual)`` of this layer's input (its K/V rows written)."""
-        h, residual = self._norm_in(x, residual)
-        return (*self.self_attn.project(h, positions, kv_cache, slot_mapping), residual)
+        qkv, residual = norm_linear(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
+        return (*self.self_attn.project(qkv, positions, kv_cache, slot_mapping), residual)
 
     def after_attention(self, h, residual):
         """``(output, residual)`` from the attention rows ``h`` (after ``o_proj``)."""
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        gate_up, residual = norm_linear(
+            self.post_attention_layernorm, self.mlp.gate_up_proj, h, residual
+        )
+        return self.mlp.down(gate_up), residual
 
 
 class LlamaModel(nn.Module):

@@ -74,6 +74,10 @@ class Fp8Linear(nn.Module):
         if self.bias is not None:
             self.bias.data.uniform_(-0.02, 0.02, generator=generator)
 
+    def gemv_operands(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(weight, bias, per-row scale) as the GEMV takes them (``norm_linear``)."""
+        return self.weight, self.bias, self.weight_scale.view(-1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
         if x2.stride(-1) != 1:

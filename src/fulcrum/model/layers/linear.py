@@ -8,12 +8,17 @@ from torch import nn
 
 from fulcrum.kernels import GEMV_MAX_M
 from fulcrum.model.layers.dispatch import use_triton
+from fulcrum.model.layers.norm import RMSNorm
 
 
 class Linear(nn.Linear):
     """A decode step of up to ``gemv.USE_MAX_M`` requests (read at each call, so a benchmark
     may switch it; see ``gemv.use_gemv``) runs the GEMV, measured faster than cuBLAS on every
     linear layer of an 8B model at batch 1; anything larger runs the BLAS GEMM."""
+
+    def gemv_operands(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(weight, bias, per-row scale) as the GEMV takes them (``norm_linear``)."""
+        return self.weight, self.bias, None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the row count first: a prefill step pays one comparison per layer, not the dispatch
@@ -23,3 +28,22 @@ class Linear(nn.Linear):
             if gemv.use_gemv(x, self.weight):
                 return gemv.gemv(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+def norm_linear(
+    norm: RMSNorm, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(layer(norm(h)), h)`` with ``h = x`` or ``x + residual``. A one-row CUDA step whose
+    layer runs the GEMV does it in one kernel (``gemv.norm_gemv``, when ``gemv.FUSE_NORM``):
+    the norm's own launch, and its trip through memory, drop out of the step."""
+    operands = getattr(layer, "gemv_operands", None)
+    if x.shape[0] == 1 and x.dim() == 2 and operands is not None and use_triton(x):
+        from fulcrum.kernels import gemv
+
+        if gemv.FUSE_NORM and gemv.use_gemv(x, layer.weight):
+            weight, bias, scale = operands()
+            return gemv.norm_gemv(x, residual, norm.weight, norm.eps, weight, bias, scale=scale)
+    if residual is None:
+        return layer(norm(x)), x
+    h, residual = norm(x, residual)
+    return layer(h), residual
