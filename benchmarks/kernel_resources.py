@@ -38,6 +38,7 @@ from fulcrum.kernels import prefill_attention as prefill_mod
 REGS_PER_SM, SMEM_PER_SM = 65536, 232448
 UNSPECIALISED = {
     "scale_log2",
+    "eps",
     "num_splits",
     "min_split",
     "stride_plh",
@@ -48,7 +49,7 @@ def _compile(fn, pointers: dict[str, str], const: dict, arch: int, warps: int, s
     names = fn.arg_names
     sig = {
         n: pointers.get(n)
-        or ("constexpr" if n in const else "fp32" if n == "scale_log2" else "i32")
+        or ("constexpr" if n in const else "fp32" if n in ("scale_log2", "eps") else "i32")
         for n in names
     }
     attrs = {
@@ -141,13 +142,13 @@ def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
 ISSUE_PER_BYTE = 132 * 4 * 1.98e9 / 4.28e12  # warp instructions Hopper issues per HBM byte
 
 
-def report_gemv(weight: str, cfg: tuple[int, ...], arch: int) -> str:
+def report_gemv(weight: str, cfg: tuple[int, ...], arch: int, norm: int = 0) -> str:
     block_n, block_k, warps = cfg
     w_ty, elem = {"bf16": ("bf16", 2), "fp8": ("fp8e4nv", 1), "fp32": ("fp32", 4)}[weight]
     act = "fp32" if weight == "fp32" else "bf16"
     pointers = dict(x_ptr=f"*{act}", w_ptr=f"*{w_ty}", s_ptr="*fp32", b_ptr=f"*{act}")
-    pointers["out_ptr"] = f"*{act}"
-    const = dict(K=4096, HAS_SCALE=weight == "fp8", HAS_BIAS=False, BLOCK_M=1, PDL=0)
+    pointers |= dict(out_ptr=f"*{act}", res_ptr=f"*{act}", nw_ptr=f"*{act}", new_res_ptr=f"*{act}")
+    const = dict(K=4096, HAS_SCALE=weight == "fp8", HAS_BIAS=False, BLOCK_M=1, PDL=0, NORM=norm)
     const |= dict(BLOCK_N=block_n, BLOCK_K=block_k)
     k = _compile(gemv_mod._gemv_kernel, pointers, const, arch, warps, 1, None)
     regs, spill, sass = _ptxas(k.asm["ptx"], arch)
@@ -155,7 +156,7 @@ def report_gemv(weight: str, cfg: tuple[int, ...], arch: int) -> str:
     per_sm = REGS_PER_SM // (regs * 32 * warps)
     per_byte = sum(loop.values()) * warps / (block_n * block_k * elem)
     return (
-        f"gemv    w={weight:<4s} bn={block_n:<3d} bk={block_k:<5d} w={warps}  regs {regs:3d}  "
+        f"gemv    w={weight:<4s} norm={norm} bn={block_n:<3d} bk={block_k:<5d} w={warps}  regs {regs:3d}  "
         f"spill {spill:4d} B  programs/SM {per_sm}  warps/SM {per_sm * warps:2d}\n"
         f"        K loop: {sum(loop.values())} instructions per thread per tile, "
         f"{per_byte:.3f} warp instructions per weight byte (issue limit at full bandwidth "
@@ -167,6 +168,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kernel", choices=["decode", "prefill", "gemv"], default="decode")
     p.add_argument("--weight", choices=["bf16", "fp8", "fp32"], default="bf16", help="GEMV weight")
+    p.add_argument(
+        "--norm",
+        type=int,
+        choices=[0, 1, 2],
+        default=0,
+        help="GEMV: 0 plain, 1 RMSNorm fused in, 2 residual add + RMSNorm fused in",
+    )
     p.add_argument("--kv", choices=["bf16", "fp8"], default="bf16", help="KV-cache dtype")
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (Hopper)")
     p.add_argument(
@@ -180,7 +188,7 @@ def main() -> None:
     for c in args.configs:
         cfg = tuple(int(x) for x in c.split(","))
         if args.kernel == "gemv":
-            print(report_gemv(args.weight, cfg, args.arch))
+            print(report_gemv(args.weight, cfg, args.arch, args.norm))
         else:
             print(report(args.kernel, args.kv, cfg, args.arch))
 
