@@ -50,6 +50,9 @@ SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL, rotary fused with the 
     "gemv+pdl splits4": ("cublas", 64, True, True, 1),
     # RMSNorm (+ residual add) fused into the one-row GEMV after it (gemv.FUSE_NORM)
     "gemv+pdl normfuse": ("cublas", 64, True, True, 1),
+    # SiLU-and-mul fused into the down projection's GEMV (gemv.FUSE_SILU, bf16 weights)
+    "gemv+pdl silufuse": ("cublas", 64, True, True, 1),
+    "gemv+pdl normfuse silufuse": ("cublas", 64, True, True, 1),
 }
 
 
@@ -64,7 +67,8 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     import fulcrum.kernels.decode_attention as dm
     from fulcrum.kernels import gemv, pdl
 
-    max_splits, min_split, fuse_norm = dm.MAX_SPLITS, dm.MIN_SPLIT_TOKENS, gemv.FUSE_NORM
+    max_splits, min_split = dm.MAX_SPLITS, dm.MIN_SPLIT_TOKENS
+    fuse_norm, fuse_silu = gemv.FUSE_NORM, gemv.FUSE_SILU
 
     lib0 = torch.backends.cuda.preferred_blas_library()
     default = (lib0, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M)
@@ -74,6 +78,7 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
             lib, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M = SETTINGS[name]
             pdl.EARLY_MAX_WAVES = 10**9 if "early-all" in name else 1
             gemv.FUSE_NORM = "normfuse" in name or fuse_norm
+            gemv.FUSE_SILU = "silufuse" in name or fuse_silu
             dm.MAX_SPLITS = int(name.rsplit("splits", 1)[1]) if " splits" in name else max_splits
             dm.MIN_SPLIT_TOKENS = (
                 int(name.rsplit("minsplit", 1)[1]) if "minsplit" in name else min_split
@@ -83,7 +88,7 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     torch.backends.cuda.preferred_blas_library(lib0)
     _, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M = default
     pdl.EARLY_MAX_WAVES, dm.MAX_SPLITS, dm.MIN_SPLIT_TOKENS = 1, max_splits, min_split
-    gemv.FUSE_NORM = fuse_norm
+    gemv.FUSE_NORM, gemv.FUSE_SILU = fuse_norm, fuse_silu
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 

@@ -142,13 +142,23 @@ def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
 ISSUE_PER_BYTE = 132 * 4 * 1.98e9 / 4.28e12  # warp instructions Hopper issues per HBM byte
 
 
-def report_gemv(weight: str, cfg: tuple[int, ...], arch: int, norm: int = 0) -> str:
+def report_gemv(
+    weight: str, cfg: tuple[int, ...], arch: int, norm: int = 0, silu_mul: bool = False
+) -> str:
     block_n, block_k, warps = cfg
     w_ty, elem = {"bf16": ("bf16", 2), "fp8": ("fp8e4nv", 1), "fp32": ("fp32", 4)}[weight]
     act = "fp32" if weight == "fp32" else "bf16"
     pointers = dict(x_ptr=f"*{act}", w_ptr=f"*{w_ty}", s_ptr="*fp32", b_ptr=f"*{act}")
     pointers |= dict(out_ptr=f"*{act}", res_ptr=f"*{act}", nw_ptr=f"*{act}", new_res_ptr=f"*{act}")
-    const = dict(K=4096, HAS_SCALE=weight == "fp8", HAS_BIAS=False, BLOCK_M=1, PDL=0, NORM=norm)
+    const = dict(
+        K=14336 if silu_mul else 4096,
+        HAS_SCALE=weight == "fp8",
+        HAS_BIAS=False,
+        BLOCK_M=1,
+        PDL=0,
+        NORM=norm,
+    )
+    const["SILU_MUL"] = silu_mul
     const |= dict(BLOCK_N=block_n, BLOCK_K=block_k)
     k = _compile(gemv_mod._gemv_kernel, pointers, const, arch, warps, 1, None)
     regs, spill, sass = _ptxas(k.asm["ptx"], arch)
@@ -156,7 +166,7 @@ def report_gemv(weight: str, cfg: tuple[int, ...], arch: int, norm: int = 0) -> 
     per_sm = REGS_PER_SM // (regs * 32 * warps)
     per_byte = sum(loop.values()) * warps / (block_n * block_k * elem)
     return (
-        f"gemv    w={weight:<4s} norm={norm} bn={block_n:<3d} bk={block_k:<5d} w={warps}  regs {regs:3d}  "
+        f"gemv    w={weight:<4s} norm={norm} silu={int(silu_mul)} bn={block_n:<3d} bk={block_k:<5d} w={warps}  regs {regs:3d}  "
         f"spill {spill:4d} B  programs/SM {per_sm}  warps/SM {per_sm * warps:2d}\n"
         f"        K loop: {sum(loop.values())} instructions per thread per tile, "
         f"{per_byte:.3f} warp instructions per weight byte (issue limit at full bandwidth "
@@ -175,6 +185,9 @@ def main() -> None:
         default=0,
         help="GEMV: 0 plain, 1 RMSNorm fused in, 2 residual add + RMSNorm fused in",
     )
+    p.add_argument(
+        "--silu-mul", action="store_true", help="GEMV: silu(gate) * up of a [gate | up] row"
+    )
     p.add_argument("--kv", choices=["bf16", "fp8"], default="bf16", help="KV-cache dtype")
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (Hopper)")
     p.add_argument(
@@ -188,7 +201,7 @@ def main() -> None:
     for c in args.configs:
         cfg = tuple(int(x) for x in c.split(","))
         if args.kernel == "gemv":
-            print(report_gemv(args.weight, cfg, args.arch, args.norm))
+            print(report_gemv(args.weight, cfg, args.arch, args.norm, args.silu_mul))
         else:
             print(report(args.kernel, args.kv, cfg, args.arch))
 

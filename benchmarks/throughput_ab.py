@@ -12,6 +12,8 @@
     splits<N>  decode attention split at most N ways (32 by default)
     minsplit<N>  decode attention splits of at least N tokens (MIN_SPLIT_TOKENS)
     normfuse  RMSNorm fused into batch 1's GEMVs (gemv.FUSE_NORM)
+    silufuse  SiLU-and-mul fused into batch 1's down-projection GEMV (gemv.FUSE_SILU)
+    fused     both
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
               (block_n,num_warps,num_stages[,maxnreg])
@@ -72,10 +74,11 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         import fulcrum.kernels.decode_attention as da
 
         da.MIN_SPLIT_TOKENS = int(name.removeprefix("minsplit"))
-    if name == "normfuse":
+    if name in ("normfuse", "silufuse", "fused"):
         from fulcrum.kernels import gemv
 
-        gemv.FUSE_NORM = True
+        gemv.FUSE_NORM = name in ("normfuse", "fused")
+        gemv.FUSE_SILU = name in ("silufuse", "fused")
     if name == "nopdl":
         from fulcrum.kernels import pdl
 

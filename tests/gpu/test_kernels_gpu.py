@@ -360,3 +360,20 @@ def test_norm_gemv_llama8b(fp8: bool) -> None:
         assert torch.equal(h, want_h)
         ref = gemv(normed, w, scale=scale)
         torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_silu_mul_gemv_llama8b() -> None:
+    """SiLU-and-mul fused into the down projection's GEMV (bf16, 8B shape), in a CUDA graph:
+    equal to the activation kernel then the GEMV (same formula, same rounding)."""
+    from fulcrum.kernels.gemv import GPU_CONFIG, gemv, silu_mul_gemv
+
+    _gen(14)
+    w = torch.randn(4096, 14336, device="cuda", dtype=torch.bfloat16) * 0.02
+    gate_up = torch.randn(1, 2 * 14336, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = silu_mul_gemv(gate_up, w, config=GPU_CONFIG["bf16_silu"])
+    gate_up.copy_(torch.randn_like(gate_up))
+    graph.replay()
+    ref = gemv(silu_and_mul(gate_up), w, config=GPU_CONFIG["bf16_silu"])
+    torch.testing.assert_close(out.float(), ref.float(), atol=1e-2, rtol=1e-2)

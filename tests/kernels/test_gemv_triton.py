@@ -137,3 +137,22 @@ def test_norm_gemv_bf16_close_to_the_unfused_pair() -> None:
     torch.testing.assert_close(out.float(), unfused, atol=2e-2, rtol=2e-2)
     with pytest.raises(ValueError, match="norm_gemv"):
         norm_gemv(torch.randn(2, 128).bfloat16(), None, nw, 1e-5, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_gemv_matches_activation_then_gemv(dtype: torch.dtype) -> None:
+    """silu(gate) * up formed in the GEMV's K loop, rounded as ``silu_and_mul`` rounds it."""
+    from fulcrum.kernels.activation import silu_and_mul
+    from fulcrum.kernels.gemv import silu_mul_gemv
+
+    g = torch.Generator().manual_seed(21)
+    k, n = 40, 13
+    gate_up = (torch.randn(1, 2 * k, generator=g) * 2).to(dtype)
+    w = (torch.randn(n, k, generator=g) * 0.1).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    out = silu_mul_gemv(gate_up, w, b, config=(8, 16, 1))
+    ref = gemv(silu_and_mul(gate_up), w, b, config=(8, 16, 1))
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="silu_mul_gemv"):
+        silu_mul_gemv(gate_up[:, :-1], w)

@@ -41,11 +41,16 @@ USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
 # RMSNorm (and the residual add) fused into the one-row GEMV after it (``norm_gemv``): off until
 # measured on the device; ``FULCRUM_GEMV_NORM=1`` turns it on.
 FUSE_NORM = os.environ.get("FULCRUM_GEMV_NORM", "0") == "1"
+# SiLU-and-mul fused into the one-row GEMV after it (``silu_mul_gemv``), bf16/fp16 weights only
+# (an FP8 GEMV is already near Hopper's issue limit: ``benchmarks/kernel_resources.py``): off
+# until measured on the device; ``FULCRUM_GEMV_SILU=1`` turns it on.
+FUSE_SILU = os.environ.get("FULCRUM_GEMV_SILU", "0") == "1"
 # (block_n, block_k, num_warps) on CUDA by weight element size: "bf16" (bf16/fp16, tuned),
 # "fp8" (tuned), "fp32" (not tuned: half the bf16 tile, the same register bytes); the
 # interpreter's tiles. ``FULCRUM_GEMV_CONFIG="bf16=4,2048,4;fp8=4,1024,4"`` overrides them.
 GPU_CONFIG: dict[str, tuple[int, ...]] = {
     "bf16": (4, 2048, 4),
+    "bf16_silu": (8, 1024, 4),  # with silu_mul fused in: the activation shared by 8 rows
     "fp8": (4, 1024, 4),
     "fp32": (4, 1024, 4),
 }
@@ -80,6 +85,7 @@ def _gemv_kernel(
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr,  # 0: x as given; 1: RMSNorm(x); 2: RMSNorm(x + residual) (BLOCK_M 1)
+    SILU_MUL: tl.constexpr,  # x is [gate | up] (2K wide): silu(gate) * up (BLOCK_M 1)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -107,6 +113,10 @@ def _gemv_kernel(
         if BLOCK_M == 1:
             mask_k = k0 + offs_k < K
             x = tl.load(x_ptr + k0 + offs_k, mask=mask_k, other=0.0)
+            if SILU_MUL:  # as silu_and_mul computes and rounds it
+                g = x.to(tl.float32)
+                u = tl.load(x_ptr + K + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+                x = (g / (1.0 + tl.exp(-g)) * u).to(x.dtype)
             if NORM == 2:  # the new residual, rounded as the unfused add rounds it
                 r = tl.load(res_ptr + k0 + offs_k, mask=mask_k, other=0.0)
                 x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
@@ -169,8 +179,25 @@ def norm_gemv(
     return out, h
 
 
-def _launch(x, weight, bias, config, scale, norm, residual):
+def silu_mul_gemv(
+    gate_up: torch.Tensor,  # [1, 2K]: gate | up
+    weight: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,
+    config: tuple[int, int, int] | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``gemv(silu_and_mul(gate_up), weight, ...)`` for one row in one kernel (no activation
+    launch before it, no round trip of the activation through memory). Every program forms
+    the activation of the K tiles it reads, rounded as ``silu_and_mul`` rounds it."""
+    if gate_up.shape[0] != 1 or gate_up.shape[1] % 2:
+        raise ValueError(f"silu_mul_gemv: one row of [gate | up], got {tuple(gate_up.shape)}")
+    return _launch(gate_up, weight, bias, config, scale, None, None, silu_mul=True)[0]
+
+
+def _launch(x, weight, bias, config, scale, norm, residual, silu_mul=False):
     m, k = x.shape
+    if silu_mul:
+        k //= 2
     n, k_w = weight.shape
     if m > MAX_M or k != k_w:
         raise ValueError(f"gemv: x {tuple(x.shape)} and weight {tuple(weight.shape)}")
@@ -179,6 +206,7 @@ def _launch(x, weight, bias, config, scale, norm, residual):
     assert weight.stride(-1) == 1
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     new_res = None
+    assert not (silu_mul and norm is not None)
     if residual is not None:
         if residual.dtype != x.dtype or residual.stride(-1) != 1:
             residual = residual.to(x.dtype).contiguous()
@@ -214,6 +242,7 @@ def _launch(x, weight, bias, config, scale, norm, residual):
         HAS_SCALE=scale is not None,
         HAS_BIAS=bias is not None,
         NORM=0 if norm is None else 1 if residual is None else 2,
+        SILU_MUL=silu_mul,
         BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=block_n,
         BLOCK_K=block_k,

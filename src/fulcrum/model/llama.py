@@ -13,8 +13,7 @@ import torch
 from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
-from fulcrum.model.layers.activation import silu_and_mul
-from fulcrum.model.layers.linear import Linear, norm_linear
+from fulcrum.model.layers.linear import Linear, norm_linear, silu_mul_linear
 from fulcrum.model.layers.norm import RMSNorm
 from fulcrum.model.layers.rotary import RotaryEmbedding
 from fulcrum.quant.base import QuantMethod
@@ -105,7 +104,7 @@ class MLP(nn.Module):
 
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The MLP's output from ``gate_up_proj``'s."""
-        return self.down_proj(silu_and_mul(gate_up))
+        return silu_mul_linear(self.down_proj, gate_up)
 
 
 class DecoderLayer(nn.Module):

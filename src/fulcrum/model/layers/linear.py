@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fulcrum.kernels import GEMV_MAX_M
+from fulcrum.model.layers.activation import silu_and_mul
 from fulcrum.model.layers.dispatch import use_triton
 from fulcrum.model.layers.norm import RMSNorm
 
@@ -47,3 +48,19 @@ def norm_linear(
         return layer(norm(x)), x
     h, residual = norm(x, residual)
     return layer(h), residual
+
+
+def silu_mul_linear(layer: nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
+    """``layer(silu_and_mul(gate_up))``: one kernel for a one-row CUDA step whose layer runs
+    the GEMV on a 2-byte weight (``gemv.silu_mul_gemv``, when ``gemv.FUSE_SILU``)."""
+    operands = getattr(layer, "gemv_operands", None)
+    if gate_up.shape[0] == 1 and gate_up.dim() == 2 and operands is not None:
+        if use_triton(gate_up):
+            from fulcrum.kernels import gemv
+
+            weight, bias, scale = operands()
+            k = gate_up.shape[1] // 2
+            if gemv.FUSE_SILU and weight.element_size() == 2 and weight.shape[1] == k:
+                cfg = gemv.GPU_CONFIG["bf16_silu"]
+                return gemv.silu_mul_gemv(gate_up, weight, bias, config=cfg, scale=scale)
+    return layer(silu_and_mul(gate_up))
