@@ -53,6 +53,9 @@ SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL, rotary fused with the 
     # SiLU-and-mul fused into the down projection's GEMV (gemv.FUSE_SILU, bf16 weights)
     "gemv+pdl silufuse": ("cublas", 64, True, True, 1),
     "gemv+pdl normfuse silufuse": ("cublas", 64, True, True, 1),
+    # decode attention tiles of 32 / 16 tokens at batch <= 4 (more working splits)
+    "gemv+pdl attn-bn32": ("cublas", 64, True, True, 1),
+    "gemv+pdl attn-bn16": ("cublas", 64, True, True, 1),
 }
 
 
@@ -68,7 +71,7 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     from fulcrum.kernels import gemv, pdl
 
     max_splits, min_split = dm.MAX_SPLITS, dm.MIN_SPLIT_TOKENS
-    fuse_norm, fuse_silu = gemv.FUSE_NORM, gemv.FUSE_SILU
+    fuse_norm, fuse_silu, bn = gemv.FUSE_NORM, gemv.FUSE_SILU, dm.SMALL_BATCH_BLOCK_N
 
     lib0 = torch.backends.cuda.preferred_blas_library()
     default = (lib0, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M)
@@ -79,6 +82,7 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
             pdl.EARLY_MAX_WAVES = 10**9 if "early-all" in name else 1
             gemv.FUSE_NORM = "normfuse" in name or fuse_norm
             gemv.FUSE_SILU = "silufuse" in name or fuse_silu
+            dm.SMALL_BATCH_BLOCK_N = int(name.rsplit("attn-bn", 1)[1]) if "attn-bn" in name else bn
             dm.MAX_SPLITS = int(name.rsplit("splits", 1)[1]) if " splits" in name else max_splits
             dm.MIN_SPLIT_TOKENS = (
                 int(name.rsplit("minsplit", 1)[1]) if "minsplit" in name else min_split
@@ -88,7 +92,7 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     torch.backends.cuda.preferred_blas_library(lib0)
     _, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M = default
     pdl.EARLY_MAX_WAVES, dm.MAX_SPLITS, dm.MIN_SPLIT_TOKENS = 1, max_splits, min_split
-    gemv.FUSE_NORM, gemv.FUSE_SILU = fuse_norm, fuse_silu
+    gemv.FUSE_NORM, gemv.FUSE_SILU, dm.SMALL_BATCH_BLOCK_N = fuse_norm, fuse_silu, bn
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 

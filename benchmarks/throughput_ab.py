@@ -14,6 +14,7 @@
     normfuse  RMSNorm fused into batch 1's GEMVs (gemv.FUSE_NORM)
     silufuse  SiLU-and-mul fused into batch 1's down-projection GEMV (gemv.FUSE_SILU)
     fused     both
+    attn-bn<N>  decode attention tiles of N tokens at batch <= 4 (SMALL_BATCH_BLOCK_N)
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
               (block_n,num_warps,num_stages[,maxnreg])
@@ -79,6 +80,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
 
         gemv.FUSE_NORM = name in ("normfuse", "fused")
         gemv.FUSE_SILU = name in ("silufuse", "fused")
+    if name.startswith("attn-bn"):
+        import fulcrum.kernels.decode_attention as da
+
+        da.SMALL_BATCH_BLOCK_N = int(name.removeprefix("attn-bn"))
     if name == "nopdl":
         from fulcrum.kernels import pdl
 
