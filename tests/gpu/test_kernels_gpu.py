@@ -338,10 +338,11 @@ def test_norm_gemv_llama8b(fp8: bool) -> None:
     """RMSNorm with the residual add fused into the GEMV at the 8B shapes, in a CUDA graph after
     the kernel that writes its input: the new residual exact, the output within the unfused
     norm's bf16 rounding of norm-then-GEMV."""
-    from fulcrum.kernels.gemv import gemv, norm_gemv
+    from fulcrum.kernels.gemv import GPU_CONFIG, gemv, norm_gemv
     from fulcrum.quant.fp8 import quantize_rows
 
     _gen(13)
+    cfg = None if fp8 else GPU_CONFIG["bf16_norm"]  # the model's tile
     for n, k in ((6144, 4096), (28672, 4096), (128256, 4096)):
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         scale = None
@@ -354,7 +355,7 @@ def test_norm_gemv_llama8b(fp8: bool) -> None:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             x_in = gemv(prev, torch.eye(k, device="cuda", dtype=torch.bfloat16)) + x
-            out, h = norm_gemv(x_in, res, nw, 1e-5, w, scale=scale)
+            out, h = norm_gemv(x_in, res, nw, 1e-5, w, config=cfg, scale=scale)
         graph.replay()
         normed, want_h = fused_add_rms_norm(x_in, res, nw, 1e-5)
         assert torch.equal(h, want_h)

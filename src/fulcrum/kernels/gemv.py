@@ -38,8 +38,9 @@ from fulcrum.kernels import GEMV_MAX_M, pdl
 # 6-14% (qkv, o_proj, down, gate_up, lm_head), FP8 by 2-44% against the FP8 GEMM path.
 MAX_M = GEMV_MAX_M
 USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
-# RMSNorm (and the residual add) fused into the one-row GEMV after it (``norm_gemv``): off until
-# measured on the device; ``FULCRUM_GEMV_NORM=1`` turns it on.
+# RMSNorm (and the residual add) fused into the one-row GEMV after it (``norm_gemv``), bf16/fp16
+# weights only (with it an FP8 GEMV passes Hopper's issue limit, 0.25 warp instructions per
+# byte at (4, 1024, 4)): off until measured on the device; ``FULCRUM_GEMV_NORM=1`` turns it on.
 FUSE_NORM = os.environ.get("FULCRUM_GEMV_NORM", "0") == "1"
 # SiLU-and-mul fused into the one-row GEMV after it (``silu_mul_gemv``), bf16/fp16 weights only
 # (an FP8 GEMV is already near Hopper's issue limit: ``benchmarks/kernel_resources.py``): off
@@ -51,6 +52,9 @@ FUSE_SILU = os.environ.get("FULCRUM_GEMV_SILU", "0") == "1"
 GPU_CONFIG: dict[str, tuple[int, ...]] = {
     "bf16": (4, 2048, 4),
     "bf16_silu": (8, 1024, 4),  # with silu_mul fused in: the activation shared by 8 rows
+    # with RMSNorm fused in: (4, 2048, 4) would take 234 registers (2 programs per SM); this
+    # one 117 (4 per SM), 0.081 warp instructions per weight byte (kernel_resources.py --norm 2)
+    "bf16_norm": (8, 512, 4),
     "fp8": (4, 1024, 4),
     "fp32": (4, 1024, 4),
 }

@@ -35,15 +35,18 @@ def norm_linear(
     norm: RMSNorm, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(layer(norm(h)), h)`` with ``h = x`` or ``x + residual``. A one-row CUDA step whose
-    layer runs the GEMV does it in one kernel (``gemv.norm_gemv``, when ``gemv.FUSE_NORM``):
-    the norm's own launch, and its trip through memory, drop out of the step."""
+    layer runs the GEMV on a 2-byte weight does it in one kernel (``gemv.norm_gemv``, when
+    ``gemv.FUSE_NORM``): the norm's own launch, and its trip through memory, drop out."""
     operands = getattr(layer, "gemv_operands", None)
     if x.shape[0] == 1 and x.dim() == 2 and operands is not None and use_triton(x):
         from fulcrum.kernels import gemv
 
-        if gemv.FUSE_NORM and gemv.use_gemv(x, layer.weight):
-            weight, bias, scale = operands()
-            return gemv.norm_gemv(x, residual, norm.weight, norm.eps, weight, bias, scale=scale)
+        weight, bias, scale = operands()
+        if gemv.FUSE_NORM and weight.element_size() == 2 and gemv.use_gemv(x, weight):
+            cfg = gemv.GPU_CONFIG["bf16_norm"]
+            return gemv.norm_gemv(
+                x, residual, norm.weight, norm.eps, weight, bias, config=cfg, scale=scale
+            )
     if residual is None:
         return layer(norm(x)), x
     h, residual = norm(x, residual)
