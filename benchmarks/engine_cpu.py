@@ -36,13 +36,8 @@ def run_fulcrum(reqs, args) -> dict:
     from fulcrum import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(
-        dtype="float32",
-        device="cpu",
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=256,
-        kv_cache_memory=4,
-    )
+    llm = LLM(dtype="float32", device="cpu", max_num_batched_tokens=args.max_num_batched_tokens,
+              max_num_seqs=256, kv_cache_memory=4)
     load = time.perf_counter() - t0
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for _, o in reqs]
     llm.generate([p for p, _ in reqs[:2]], params[:2], use_tqdm=False)  # warm-up
@@ -51,14 +46,8 @@ def run_fulcrum(reqs, args) -> dict:
     dt = time.perf_counter() - t0
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     assert n_out == sum(o for _, o in reqs)
-    return {
-        "engine": "fulcrum",
-        "load_s": load,
-        "seconds": dt,
-        "output_tokens": n_out,
-        "output_tok_s": n_out / dt,
-        "peak_rss_gib": peak_rss_gib(),
-    }
+    return {"engine": "fulcrum", "load_s": load, "seconds": dt, "output_tokens": n_out,
+            "output_tok_s": n_out / dt, "peak_rss_gib": peak_rss_gib()}
 
 
 def run_fulcrum_single(reqs) -> dict:
@@ -70,18 +59,12 @@ def run_fulcrum_single(reqs) -> dict:
     total, n_out = 0.0, 0
     for p, o in reqs:
         t0 = time.perf_counter()
-        out = llm.generate(
-            [p], SamplingParams(temperature=0, max_tokens=o, ignore_eos=True), use_tqdm=False
-        )
+        out = llm.generate([p], SamplingParams(temperature=0, max_tokens=o, ignore_eos=True),
+                           use_tqdm=False)
         total += time.perf_counter() - t0
         n_out += len(out[0].outputs[0].token_ids)
-    return {
-        "engine": "fulcrum-batch1",
-        "seconds": total,
-        "output_tokens": n_out,
-        "output_tok_s": n_out / total,
-        "requests": len(reqs),
-    }
+    return {"engine": "fulcrum-batch1", "seconds": total, "output_tokens": n_out,
+            "output_tok_s": n_out / total, "requests": len(reqs)}
 
 
 def run_hf(reqs, batch: int, model_dir: str) -> dict:
@@ -97,29 +80,17 @@ def run_hf(reqs, batch: int, model_dir: str) -> dict:
         ids = torch.zeros(len(chunk), width, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for j, (p, _) in enumerate(chunk):  # left padding
-            ids[j, width - len(p) :] = torch.tensor(p)
-            mask[j, width - len(p) :] = 1
+            ids[j, width - len(p):] = torch.tensor(p)
+            mask[j, width - len(p):] = 1
         new = max(o for _, o in chunk)
         t0 = time.perf_counter()
         with torch.no_grad():
-            model.generate(
-                ids,
-                attention_mask=mask,
-                max_new_tokens=new,
-                min_new_tokens=new,
-                do_sample=False,
-                pad_token_id=0,
-            )
+            model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False, pad_token_id=0)
         total_time += time.perf_counter() - t0
         n_out += sum(o for _, o in chunk)
-    return {
-        "engine": f"hf-generate-batch{batch}",
-        "load_s": load,
-        "seconds": total_time,
-        "output_tokens": n_out,
-        "output_tok_s": n_out / total_time,
-        "requests": len(reqs),
-    }
+    return {"engine": f"hf-generate-batch{batch}", "load_s": load, "seconds": total_time,
+            "output_tokens": n_out, "output_tok_s": n_out / total_time, "requests": len(reqs)}
 
 
 def main() -> None:
@@ -129,11 +100,8 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="fulcrum step budget.")
     ap.add_argument("--seed", type=int, default=0, help="Workload seed.")
     ap.add_argument("--skip-hf", action="store_true", help="Only run fulcrum.")
-    ap.add_argument(
-        "--only-single",
-        action="store_true",
-        help="Only the single-stream comparison (fulcrum and HF, batch 1).",
-    )
+    ap.add_argument("--only-single", action="store_true",
+                    help="Only the single-stream comparison (fulcrum and HF, batch 1).")
     ap.add_argument("--json", default=None, help="Write results to this file.")
     args = ap.parse_args()
     torch.set_num_threads(torch.get_num_threads())
@@ -156,19 +124,10 @@ def main() -> None:
         print(json.dumps(results[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(
-                {
-                    "workload": {
-                        "num_requests": args.num_requests,
-                        "seed": args.seed,
-                        "input_tokens": sum(len(p) for p, _ in reqs),
-                        "output_tokens": sum(o for _, o in reqs),
-                    },
-                    "results": results,
-                },
-                fh,
-                indent=2,
-            )
+            json.dump({"workload": {"num_requests": args.num_requests, "seed": args.seed,
+                                    "input_tokens": sum(len(p) for p, _ in reqs),
+                                    "output_tokens": sum(o for _, o in reqs)},
+                       "results": results}, fh, indent=2)
 
 
 if __name__ == "__main__":

@@ -38,13 +38,8 @@ def pct(xs: list[float], q: float) -> float:
 def run(prompts, out_len: int, cache: bool, policy: str) -> dict:
     from fulcrum import LLM, SamplingParams
 
-    llm = LLM(
-        dtype="float32",
-        device="cpu",
-        kv_cache_memory=4,
-        enable_prefix_caching=cache,
-        schedule_policy=policy,
-    )
+    llm = LLM(dtype="float32", device="cpu", kv_cache_memory=4, enable_prefix_caching=cache,
+              schedule_policy=policy)
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     # Every step's batch, (request id, new tokens): two policies that schedule the same steps
@@ -65,13 +60,9 @@ def run(prompts, out_len: int, cache: bool, policy: str) -> dict:
     st = llm.stats()
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     return {
-        "cache": cache,
-        "policy": policy,
-        "seconds": dt,
-        "output_tok_s": n_out / dt,
+        "cache": cache, "policy": policy, "seconds": dt, "output_tok_s": n_out / dt,
         "total_tok_s": (n_out + sum(map(len, prompts))) / dt,
-        "ttft_p50_s": statistics.median(ttft),
-        "ttft_p95_s": pct(ttft, 0.95),
+        "ttft_p50_s": statistics.median(ttft), "ttft_p95_s": pct(ttft, 0.95),
         "hit_rate": st["prefix_cache_hits"] / max(1, st["prefix_cache_queries"]),
         "steps": len(steps),
         "schedule_digest": hashlib.sha1(repr(steps).encode()).hexdigest()[:12],
@@ -96,26 +87,15 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64, help="Output tokens per request.")
     ap.add_argument("--seed", type=int, default=0, help="Workload seed.")
     ap.add_argument("--json", default=None, help="Write results here.")
-    ap.add_argument(
-        "--only",
-        choices=CASES,
-        nargs="+",
-        default=None,
-        help="Run only these cases (default: all).",
-    )
+    ap.add_argument("--only", choices=CASES, nargs="+", default=None,
+                    help="Run only these cases (default: all).")
     ap.add_argument("--repeat", type=int, default=1, help="Runs of each case, one process.")
     args = ap.parse_args()
     results = []
     for name in args.only or CASES:
         traffic, cache, policy = CASES[name]
-        prompts = workload(
-            args.groups,
-            args.per_group,
-            args.prefix_len,
-            args.question_len,
-            traffic == "prefix-heavy",
-            args.seed,
-        )
+        prompts = workload(args.groups, args.per_group, args.prefix_len, args.question_len,
+                           traffic == "prefix-heavy", args.seed)
         for i in range(args.repeat):
             r = run(prompts, args.output_len, cache, policy)
             r.update(traffic=traffic, case=name, run=i)

@@ -64,9 +64,7 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", f"must be in (0, 1], got {self.top_p}.")
         if self.top_k < -1:
-            raise bad(
-                "top_k", f"must be -1 (disable), 0 (disable) or at least 1, got {self.top_k}."
-            )
+            raise bad("top_k", f"must be -1 (disable), 0 (disable) or at least 1, got {self.top_k}.")
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", f"must be in [0, 1], got {self.min_p}.")
         if not -2.0 <= self.presence_penalty <= 2.0:
@@ -74,18 +72,13 @@ class SamplingParams:
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise bad("frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty}.")
         if not self.repetition_penalty > 0.0:
-            raise bad(
-                "repetition_penalty", f"must be greater than 0, got {self.repetition_penalty}."
-            )
+            raise bad("repetition_penalty", f"must be greater than 0, got {self.repetition_penalty}.")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise bad("max_tokens", f"must be at least 1, got {self.max_tokens}.")
         if self.min_tokens < 0:
             raise bad("min_tokens", f"must be non-negative, got {self.min_tokens}.")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise bad(
-                "min_tokens",
-                f"must not exceed max_tokens={self.max_tokens}, got {self.min_tokens}.",
-            )
+            raise bad("min_tokens", f"must not exceed max_tokens={self.max_tokens}, got {self.min_tokens}.")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise bad("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}.")
         if self.seed is not None and not isinstance(self.seed, int):

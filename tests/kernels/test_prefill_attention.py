@@ -52,10 +52,8 @@ def test_prefill_work_lists_each_query_block_once_heaviest_first() -> None:
     qsl, seq_lens = [0, 1, 6, 6, 15], [10, 21, 3, 9]
     work = prefill_work(qsl, seq_lens, 4, skip_decode=True)
     assert sorted(map(tuple, work.tolist())) == [(1, 0), (1, 1), (3, 0), (3, 1), (3, 2)]
-    keys = [
-        seq_lens[b] - (qsl[b + 1] - qsl[b]) + min(4 * (j + 1), qsl[b + 1] - qsl[b])
-        for b, j in work.tolist()
-    ]
+    keys = [seq_lens[b] - (qsl[b + 1] - qsl[b]) + min(4 * (j + 1), qsl[b + 1] - qsl[b])
+            for b, j in work.tolist()]
     assert keys == sorted(keys, reverse=True)  # most keys first
     with_decode = prefill_work(qsl, seq_lens, 4, skip_decode=False).tolist()
     assert [0, 0] in with_decode and len(with_decode) == 6

@@ -38,14 +38,8 @@ def test_profiling_step_runs_on_both_backends(tiny_models):
     import torch
 
     for backend in ("torch", "triton"):
-        llm = LLM(
-            tiny_models["llama"],
-            device="cpu",
-            dtype="float32",
-            attention_backend=backend,
-            max_num_batched_tokens=40,
-            num_kv_blocks=16,
-        )
+        llm = LLM(tiny_models["llama"], device="cpu", dtype="float32", attention_backend=backend,
+                  max_num_batched_tokens=40, num_kv_blocks=16)
         with torch.inference_mode():
             llm.core.runner._dummy_forward(40)
             llm.core.runner._dummy_forward(3)

@@ -66,9 +66,7 @@ def test_embedded_model_text_via_strings(smol_llm, smol_reference, smollm_tokeni
 
 
 @pytest.mark.parametrize("async_scheduling", ["off", "on"])
-def test_embedded_model_chunked_prefill_and_preemption(
-    smol_prompts, smol_reference, async_scheduling
-):
+def test_embedded_model_chunked_prefill_and_preemption(smol_prompts, smol_reference, async_scheduling):
     # 7-token chunks and a pool of 12 blocks: prompts are chunked and requests get preempted.
     llm = LLM(
         dtype="float32",

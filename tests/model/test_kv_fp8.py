@@ -24,9 +24,7 @@ def _run(llm: LLM, prompts, max_tokens: int = 24):
     sp = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=TOP, ignore_eos=True)
     outs = llm.generate(prompts, sp, use_tqdm=False)
     tokens = [o.outputs[0].token_ids for o in outs]
-    tops = [
-        [[t for t, lp in d.items() if lp.rank <= TOP] for d in o.outputs[0].logprobs] for o in outs
-    ]
+    tops = [[[t for t, lp in d.items() if lp.rank <= TOP] for d in o.outputs[0].logprobs] for o in outs]
     return tokens, tops
 
 

@@ -19,12 +19,8 @@ def _tokens(outs):
 def _workloads(rng: random.Random, vocab: int):
     sys_a = [rng.randrange(3, vocab) for _ in range(70)]
     sys_b = [rng.randrange(3, vocab) for _ in range(45)]
-    shared = [
-        sys_a + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 20))] for _ in range(5)
-    ]
-    shared += [
-        sys_b + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 20))] for _ in range(3)
-    ]
+    shared = [sys_a + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 20))] for _ in range(5)]
+    shared += [sys_b + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 20))] for _ in range(3)]
     partial = [sys_a[: rng.randrange(10, 70)] + [rng.randrange(3, vocab)] for _ in range(4)]
     return shared, partial
 
@@ -36,14 +32,10 @@ def test_cache_on_off_identical_tiny(tiny_models, arch):
     prompts = shared + partial
     ref = hf_greedy(tiny_models[arch], prompts, 12)
     on = LLM(tiny_models[arch], device="cpu", dtype="float32", block_size=4)
-    off = LLM(
-        tiny_models[arch], device="cpu", dtype="float32", block_size=4, enable_prefix_caching=False
-    )
+    off = LLM(tiny_models[arch], device="cpu", dtype="float32", block_size=4, enable_prefix_caching=False)
     assert _tokens(on.generate(prompts, GREEDY, use_tqdm=False)) == ref
     assert _tokens(off.generate(prompts, GREEDY, use_tqdm=False)) == ref
-    overlapped = LLM(
-        tiny_models[arch], device="cpu", dtype="float32", block_size=4, async_scheduling="on"
-    )
+    overlapped = LLM(tiny_models[arch], device="cpu", dtype="float32", block_size=4, async_scheduling="on")
     assert _tokens(overlapped.generate(prompts + prompts, GREEDY, use_tqdm=False)) == ref + ref
     overlapped.core.scheduler.kv.check_integrity()
     # Second pass: everything is cached now, one at a time and all together.
@@ -62,13 +54,8 @@ def test_multi_turn_reuses_previous_turn(tiny_models):
     llm = LLM(tiny_models["llama"], device="cpu", dtype="float32", block_size=4)
     rng = random.Random(5)
     conv = [rng.randrange(3, 320) for _ in range(40)]
-    ref_llm = LLM(
-        tiny_models["llama"],
-        device="cpu",
-        dtype="float32",
-        block_size=4,
-        enable_prefix_caching=False,
-    )
+    ref_llm = LLM(tiny_models["llama"], device="cpu", dtype="float32", block_size=4,
+                  enable_prefix_caching=False)
     prev_len = 0
     for turn in range(3):
         out = llm.generate([conv], GREEDY, use_tqdm=False)[0]
@@ -85,13 +72,9 @@ def test_multi_turn_reuses_previous_turn(tiny_models):
 def test_salt_isolation_and_reuse(tiny_models):
     llm = LLM(tiny_models["mistral"], device="cpu", dtype="float32", block_size=4)
     p = list(range(10, 60))
-    first = llm.generate(
-        [{"prompt_token_ids": p, "cache_salt": "tenant-a"}], GREEDY, use_tqdm=False
-    )
+    first = llm.generate([{"prompt_token_ids": p, "cache_salt": "tenant-a"}], GREEDY, use_tqdm=False)
     assert first[0].num_cached_tokens == 0
-    other = llm.generate(
-        [{"prompt_token_ids": p, "cache_salt": "tenant-b"}], GREEDY, use_tqdm=False
-    )
+    other = llm.generate([{"prompt_token_ids": p, "cache_salt": "tenant-b"}], GREEDY, use_tqdm=False)
     assert other[0].num_cached_tokens == 0  # never another tenant's blocks
     same = llm.generate([{"prompt_token_ids": p, "cache_salt": "tenant-a"}], GREEDY, use_tqdm=False)
     assert same[0].num_cached_tokens == 48  # 49 tokens looked up, 12 whole blocks

@@ -21,11 +21,8 @@ def test_seed_reproducible_whatever_the_batch(llm):
     others = SamplingParams(temperature=0.8, max_tokens=20)
     batch = llm.generate(PROMPTS[1:] + [PROMPTS[0]], [others, others, sp], use_tqdm=False)
     assert batch[2].outputs[0].token_ids == alone
-    different = llm.generate(
-        [PROMPTS[0]],
-        SamplingParams(temperature=1.0, top_p=0.9, seed=99, max_tokens=16),
-        use_tqdm=False,
-    )
+    different = llm.generate([PROMPTS[0]], SamplingParams(temperature=1.0, top_p=0.9, seed=99,
+                                                          max_tokens=16), use_tqdm=False)
     assert different[0].outputs[0].token_ids != alone
 
 
@@ -40,8 +37,7 @@ def test_n_outputs_and_logprobs(llm):
             assert tok in entry and len(entry) in (20, 21)
             assert all(v.logprob <= 0.0 for v in entry.values())
         assert c.cumulative_logprob == pytest.approx(
-            sum(e[t].logprob for t, e in zip(c.token_ids, c.logprobs, strict=True)), abs=1e-4
-        )
+            sum(e[t].logprob for t, e in zip(c.token_ids, c.logprobs, strict=True)), abs=1e-4)
 
 
 def test_stop_string_excluded_and_stop_token(llm):
@@ -50,32 +46,24 @@ def test_stop_string_excluded_and_stop_token(llm):
     # Pick a stop string from the middle of the greedy text (spanning tokens where possible).
     text = full.text
     stop = text[len(text) // 2 : len(text) // 2 + 3]
-    cut = llm.generate(
-        PROMPTS[1], SamplingParams(temperature=0, max_tokens=40, stop=[stop]), use_tqdm=False
-    )[0].outputs[0]
+    cut = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=40, stop=[stop]),
+                       use_tqdm=False)[0].outputs[0]
     assert cut.finish_reason == "stop" and cut.stop_reason == stop
     assert cut.text == text[: text.index(stop)]
     tok = full.token_ids[3]
-    by_id = llm.generate(
-        PROMPTS[1],
-        SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[tok]),
-        use_tqdm=False,
-    )[0]
+    by_id = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=40,
+                                                    stop_token_ids=[tok]), use_tqdm=False)[0]
     out = by_id.outputs[0]
     assert out.finish_reason == "stop" and out.token_ids[-1] == tok
     assert len(out.token_ids) == full.token_ids.index(tok) + 1
 
 
 def test_length_and_ignore_eos(llm):
-    out = llm.generate(
-        PROMPTS[2], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False
-    )
+    out = llm.generate(PROMPTS[2], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+                       use_tqdm=False)
     assert out[0].outputs[0].finish_reason == "length" and len(out[0].outputs[0].token_ids) == 5
-    long = llm.chat(
-        [{"role": "user", "content": "Say hi."}],
-        SamplingParams(temperature=0, max_tokens=60, ignore_eos=True),
-        use_tqdm=False,
-    )
+    long = llm.chat([{"role": "user", "content": "Say hi."}],
+                    SamplingParams(temperature=0, max_tokens=60, ignore_eos=True), use_tqdm=False)
     assert len(long[0].outputs[0].token_ids) == 60
 
 
@@ -88,10 +76,8 @@ def test_penalties_and_min_tokens_mixed_with_plain_requests(llm):
         SamplingParams(temperature=0, max_tokens=12, min_tokens=10),
     ]
     plain = SamplingParams(temperature=0, max_tokens=24)
-    alone = [
-        llm.generate(PROMPTS[i], sp, use_tqdm=False)[0].outputs[0].token_ids
-        for i, sp in enumerate(special)
-    ]
+    alone = [llm.generate(PROMPTS[i], sp, use_tqdm=False)[0].outputs[0].token_ids
+             for i, sp in enumerate(special)]
     batch = llm.generate(PROMPTS + PROMPTS, special + [plain] * 3, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in batch[:3]] == alone
     assert len(batch[2].outputs[0].token_ids) >= 10

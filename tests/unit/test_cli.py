@@ -37,13 +37,8 @@ def test_every_flag_has_help():
 def _cli(*args: str, stdin: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), FULCRUM_LOG_LEVEL="WARNING")
     return subprocess.run(
-        [sys.executable, "-m", "fulcrum.entrypoints.cli", *args],
-        input=stdin,
-        text=True,
-        capture_output=True,
-        timeout=timeout,
-        env=env,
-        cwd=ROOT,
+        [sys.executable, "-m", "fulcrum.entrypoints.cli", *args], input=stdin, text=True,
+        capture_output=True, timeout=timeout, env=env, cwd=ROOT,
     )
 
 
@@ -54,30 +49,12 @@ def test_help_exits_zero(cmd):
 
 
 def test_generate_and_chat_on_the_embedded_model():
-    r = _cli(
-        "generate",
-        "--prompt",
-        "What is the capital of France?",
-        "--chat-format",
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "12",
-        "--kv-cache-memory",
-        "0.1",
-    )
+    r = _cli("generate", "--prompt", "What is the capital of France?", "--chat-format",
+             "--temperature", "0", "--max-tokens", "12", "--kv-cache-memory", "0.1")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Paris" in r.stdout
-    r = _cli(
-        "chat",
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "12",
-        "--kv-cache-memory",
-        "0.1",
-        stdin="What is the capital of France?\n/reset\n/exit\n",
-    )
+    r = _cli("chat", "--temperature", "0", "--max-tokens", "12", "--kv-cache-memory", "0.1",
+             stdin="What is the capital of France?\n/reset\n/exit\n")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Paris" in r.stdout and "(history cleared)" in r.stdout
 

@@ -139,9 +139,7 @@ def test_bad_requests_name_the_field():
 @pytest.mark.parametrize("prefix", [True, False])
 def test_n_sequences_share_one_prefill(prefix):
     sched = _sched(blocks=64, budget=512, bs=4, prefix=prefix)
-    sched.add_request(
-        EngineCoreRequest("p", list(range(1, 34)), WireSamplingParams(n=4, max_tokens=3))
-    )
+    sched.add_request(EngineCoreRequest("p", list(range(1, 34)), WireSamplingParams(n=4, max_tokens=3)))
     computed = 0
     for _ in range(50):
         if not sched.has_unfinished():
@@ -171,9 +169,7 @@ def test_aborts_while_a_step_is_in_flight(reqs, aborts, prefix):
     rng = random.Random(1)
     for i, (plen, max_tokens) in enumerate(reqs):
         prompt = [rng.randrange(1, 4) for _ in range(plen)]
-        sched.add_request(
-            EngineCoreRequest(str(i), prompt, WireSamplingParams(max_tokens=max_tokens))
-        )
+        sched.add_request(EngineCoreRequest(str(i), prompt, WireSamplingParams(max_tokens=max_tokens)))
     plan: dict[int, list[str]] = {}
     for step, idx in aborts:
         plan.setdefault(step, []).append(str(idx % len(reqs)))
@@ -185,7 +181,7 @@ def test_aborts_while_a_step_is_in_flight(reqs, aborts, prefix):
         out = sched.schedule()
         done, inflight = inflight, (None if out.is_empty else out)
         sched.abort_requests(plan.get(step, []))  # lands while ``out`` is in flight
-        results = sched.update(done, _sampled(done)) if done is not None else []
+        results = (sched.update(done, _sampled(done)) if done is not None else [])
         for o in results + sched.take_aborted():
             outputs.setdefault(o.request_id, []).append(o)
         sched.kv.check_integrity()

@@ -53,29 +53,19 @@ class EngineCore:
         if num_blocks * bs < sc.max_model_len:
             logger.warning(
                 "The KV cache holds %d tokens, fewer than max_model_len=%d: capping max_model_len.",
-                num_blocks * bs,
-                sc.max_model_len,
+                num_blocks * bs, sc.max_model_len,
             )
             sc = dataclasses.replace(sc, max_model_len=num_blocks * bs)
         self.max_model_len = sc.max_model_len
         self.scheduler = Scheduler(
-            sc,
-            config.cache_config,
-            num_blocks,
-            config.model_config.vocab_size,
-            eos_token_ids(config),
+            sc, config.cache_config, num_blocks, config.model_config.vocab_size, eos_token_ids(config)
         )
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s); max_model_len %d holds %.1f "
             "full-length sequences. Engine ready in %.2f s (weights %.2f s).",
-            num_blocks,
-            bs,
-            num_blocks * bs,
-            num_blocks * self.runner.bytes_per_block / 2**30,
+            num_blocks, bs, num_blocks * bs, num_blocks * self.runner.bytes_per_block / 2**30,
             str(self.runner.kv_dtype).removeprefix("torch."),
-            sc.max_model_len,
-            num_blocks * bs / sc.max_model_len,
-            time.perf_counter() - t0,
+            sc.max_model_len, num_blocks * bs / sc.max_model_len, time.perf_counter() - t0,
             self.runner.load_time,
         )
         self.num_steps = 0

@@ -83,12 +83,7 @@ class OutputProcessor:
             if params.logprobs is not None:
                 seqs[-1].cumulative_logprob = 0.0
         self.states[request_id] = _ReqState(
-            request_id,
-            prompt,
-            prompt_token_ids,
-            params,
-            stream,
-            seqs,
+            request_id, prompt, prompt_token_ids, params, stream, seqs,
             RequestMetrics(arrival_time if arrival_time is not None else time.time()),
         )
 
@@ -178,45 +173,25 @@ class OutputProcessor:
                 seq.sent_logprobs = len(seq.logprobs)
             outs.append(
                 CompletionOutput(
-                    i,
-                    text,
-                    seq.token_ids[seq.sent_tokens : n_tok],
-                    seq.finish_reason,
-                    seq.stop_reason,
-                    lps,
-                    seq.cumulative_logprob,
+                    i, text, seq.token_ids[seq.sent_tokens : n_tok], seq.finish_reason,
+                    seq.stop_reason, lps, seq.cumulative_logprob,
                 )
             )
             seq.sent_tokens = n_tok
         return RequestOutput(
-            st.request_id,
-            st.prompt,
-            st.prompt_token_ids,
-            outs,
-            st.finished,
-            st.num_cached_tokens,
-            st.metrics,
+            st.request_id, st.prompt, st.prompt_token_ids, outs, st.finished,
+            st.num_cached_tokens, st.metrics,
         )
 
     def _final_output(self, st: _ReqState) -> RequestOutput:
         outs = [
             CompletionOutput(
-                s.index,
-                self._text(s),
-                list(s.token_ids),
-                s.finish_reason,
-                s.stop_reason,
-                s.logprobs,
-                s.cumulative_logprob,
+                s.index, self._text(s), list(s.token_ids), s.finish_reason, s.stop_reason,
+                s.logprobs, s.cumulative_logprob,
             )
             for s in st.seqs
         ]
         return RequestOutput(
-            st.request_id,
-            st.prompt,
-            st.prompt_token_ids,
-            outs,
-            True,
-            st.num_cached_tokens,
+            st.request_id, st.prompt, st.prompt_token_ids, outs, True, st.num_cached_tokens,
             st.metrics,
         )

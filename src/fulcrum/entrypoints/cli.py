@@ -38,9 +38,7 @@ def _setup_logging() -> None:
 
     level = os.environ.get("FULCRUM_LOG_LEVEL", "INFO").upper()
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s", "%H:%M:%S")
-    )
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
     root = logging.getLogger("fulcrum")
     if not root.handlers:
         root.addHandler(handler)

@@ -11,57 +11,26 @@ from fulcrum.engine.arg_utils import EngineArgs
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument(
-        "--max-tokens",
-        type=int,
-        default=256,
-        help="Maximum tokens to generate (default: %(default)s).",
-    )
-    g.add_argument(
-        "--temperature",
-        type=float,
-        default=0.7,
-        help="Sampling temperature; 0 is greedy (default: %(default)s).",
-    )
-    g.add_argument(
-        "--top-p", type=float, default=0.95, help="Nucleus sampling mass (default: %(default)s)."
-    )
-    g.add_argument(
-        "--top-k",
-        type=int,
-        default=-1,
-        help="Keep the k most likely tokens; -1 disables (default: %(default)s).",
-    )
-    g.add_argument(
-        "--sampling-seed",
-        type=int,
-        default=None,
-        help="Seed for reproducible sampling (default: random).",
-    )
+    g.add_argument("--max-tokens", type=int, default=256, help="Maximum tokens to generate (default: %(default)s).")
+    g.add_argument("--temperature", type=float, default=0.7, help="Sampling temperature; 0 is greedy (default: %(default)s).")
+    g.add_argument("--top-p", type=float, default=0.95, help="Nucleus sampling mass (default: %(default)s).")
+    g.add_argument("--top-k", type=int, default=-1, help="Keep the k most likely tokens; -1 disables (default: %(default)s).")
+    g.add_argument("--sampling-seed", type=int, default=None, help="Seed for reproducible sampling (default: random).")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    gen = sub.add_parser(
-        "generate",
-        help="Generate a completion for one prompt.",
-        description="Generate text for a prompt and print it.",
-    )
+    gen = sub.add_parser("generate", help="Generate a completion for one prompt.",
+                         description="Generate text for a prompt and print it.")
     gen.add_argument("--prompt", required=True, help="The prompt text.")
-    gen.add_argument(
-        "--chat-format",
-        action="store_true",
-        help="Wrap the prompt as one user message with the model's chat template.",
-    )
+    gen.add_argument("--chat-format", action="store_true",
+                     help="Wrap the prompt as one user message with the model's chat template.")
     _add_sampling_args(gen)
     EngineArgs.add_cli_args(gen)
     gen.set_defaults(func=run_generate)
 
-    chat = sub.add_parser(
-        "chat",
-        help="Interactive terminal chat that streams tokens.",
-        description="Chat with the model in the terminal; /reset clears the "
-        "history, /exit or Ctrl-D quits.",
-    )
+    chat = sub.add_parser("chat", help="Interactive terminal chat that streams tokens.",
+                          description="Chat with the model in the terminal; /reset clears the "
+                          "history, /exit or Ctrl-D quits.")
     chat.add_argument("--system", default=None, help="Optional system prompt.")
     _add_sampling_args(chat)
     EngineArgs.add_cli_args(chat)
@@ -71,13 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _params(args: argparse.Namespace):
     from fulcrum import SamplingParams
 
-    return SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.sampling_seed,
-    )
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                          top_p=args.top_p, top_k=args.top_k, seed=args.sampling_seed)
 
 
 def _llm(args: argparse.Namespace):
@@ -108,11 +72,7 @@ def stream_reply(llm, messages: list[dict], params, write=sys.stdout.write) -> s
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = tok(text, add_special_tokens=False).input_ids
     rid = f"chat-{time.monotonic_ns()}"
-    llm.core.add_request(
-        EngineCoreRequest(
-            rid, ids, to_wire(params, resolve_max_tokens(params, len(ids), llm.max_model_len))
-        )
-    )
+    llm.core.add_request(EngineCoreRequest(rid, ids, to_wire(params, resolve_max_tokens(params, len(ids), llm.max_model_len))))
     llm.processor.add_request(rid, text, ids, params, stream=True)
     reply = []
     while llm.core.has_unfinished_requests():

@@ -156,9 +156,7 @@ class LLM:
         for conv in convs:
             try:
                 text = self.tokenizer.apply_chat_template(
-                    conv,
-                    tokenize=False,
-                    add_generation_prompt=add_generation_prompt,
+                    conv, tokenize=False, add_generation_prompt=add_generation_prompt,
                     chat_template=chat_template,
                 )
             except Exception as e:

@@ -54,9 +54,7 @@ class KVCacheManager:
 
     # -- admission ----------------------------------------------------------------------------
 
-    def match_prefix(
-        self, prompt: Sequence[int], extra_key: Hashable
-    ) -> tuple[list[int], TreeNode | None]:
+    def match_prefix(self, prompt: Sequence[int], extra_key: Hashable) -> tuple[list[int], TreeNode | None]:
         """Cached blocks for ``prompt`` (never its last token: that one's logits are needed)."""
         if self.tree is None or len(prompt) < 2:
             return [], None
@@ -97,9 +95,7 @@ class KVCacheManager:
 
     # -- caching ------------------------------------------------------------------------------
 
-    def cache_blocks(
-        self, req_id: str, token_ids: Sequence[int], num_computed: int, extra_key: Hashable
-    ) -> None:
+    def cache_blocks(self, req_id: str, token_ids: Sequence[int], num_computed: int, extra_key: Hashable) -> None:
         """Insert the request's full, computed blocks into the radix cache."""
         if self.tree is None:
             return

@@ -13,11 +13,7 @@ from fulcrum.kv_cache.manager import KVCacheManager
 def order_waiting(
     waiting: Sequence[Request], kv: KVCacheManager, config: SchedulerConfig
 ) -> Iterable[Request]:
-    if (
-        config.schedule_policy == "lpm"
-        and kv.tree is not None
-        and len(waiting) <= config.lpm_max_queue
-    ):
+    if config.schedule_policy == "lpm" and kv.tree is not None and len(waiting) <= config.lpm_max_queue:
         # Preempted requests keep their place at the front; the rest by cached prefix length.
         head = [r for r in waiting if r.num_preemptions]
         rest = [r for r in waiting if not r.num_preemptions]

@@ -37,9 +37,7 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.block_size = cache_config.block_size
-        self.kv = KVCacheManager(
-            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
-        )
+        self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.waiting: deque[Request] = deque()
@@ -81,15 +79,8 @@ class Scheduler:
         for i in range(sp.n):
             seqs.append(
                 Request(
-                    req.request_id,
-                    i,
-                    list(prompt),
-                    sp,
-                    self.eos_token_ids,
-                    req.arrival_time,
-                    req.cache_salt,
-                    req.priority,
-                    parent=seqs[0] if i else None,
+                    req.request_id, i, list(prompt), sp, self.eos_token_ids, req.arrival_time,
+                    req.cache_salt, req.priority, parent=seqs[0] if i else None,
                 )
             )
         self.requests[req.request_id] = seqs
@@ -247,12 +238,8 @@ class Scheduler:
             first = req.num_output_tokens == 1
             results.append(
                 EngineCoreOutput(
-                    req.request_id,
-                    req.index,
-                    [tok],
-                    [lp] if lp is not None else None,
-                    finish_reason=finish,
-                    stop_reason=req.stop_reason,
+                    req.request_id, req.index, [tok], [lp] if lp is not None else None,
+                    finish_reason=finish, stop_reason=req.stop_reason,
                     num_cached_tokens=max(req.num_cached_tokens, 0),
                     first_scheduled_time=req.first_scheduled_time if first else None,
                 )
@@ -263,10 +250,7 @@ class Scheduler:
 
     def take_aborted(self) -> list[EngineCoreOutput]:
         """One ``abort`` output per sequence aborted since the last call."""
-        results = [
-            EngineCoreOutput(r.request_id, r.index, [], finish_reason="abort")
-            for r in self._aborted
-        ]
+        results = [EngineCoreOutput(r.request_id, r.index, [], finish_reason="abort") for r in self._aborted]
         self._aborted.clear()
         return results
 

@@ -8,9 +8,8 @@ import torch
 
 from fulcrum.config import ModelConfig
 
-_REPO_ROOT = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-)
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))))
 CONFIGS_DIR = os.environ.get("FULCRUM_CONFIGS_DIR") or os.path.join(_REPO_ROOT, "configs")
 _FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
@@ -44,9 +43,7 @@ def resolve_model_config(
     from fulcrum.model.registry import get_model_cls
 
     if load_format not in _FORMATS:
-        raise ValueError(
-            f"load_format: unknown format {load_format!r}; choose {', '.join(_FORMATS)}."
-        )
+        raise ValueError(f"load_format: unknown format {load_format!r}; choose {', '.join(_FORMATS)}.")
     if model is None:
         model = default_model_path()
     if load_format == "dummy":
