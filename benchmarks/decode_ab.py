@@ -28,34 +28,48 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h200 as g  # noqa: E402
 from gpu_profile import _all_decoding, _step_until  # noqa: E402
 
-SETTINGS = {  # name: (BLAS library, ORDER_MIN_REQS, PDL, rotary fused with the KV write,
-    #                most rows of a linear layer that run the Triton GEMV)
-    "cublas": ("cublas", 64, False, True, 0),
-    "cublas+pdl": ("cublas", 64, True, True, 0),
-    "cublaslt+pdl": ("cublaslt", 64, True, True, 0),
-    "cublas+pdl request-order": ("cublas", 10**9, True, True, 0),
-    "cublas+pdl unfused-rope": ("cublas", 64, True, False, 0),  # rotary, then reshape_and_cache
-    "gemv+pdl": ("cublas", 64, True, True, 1),  # batch 1's linear layers on the Triton GEMV
-    "gemv": ("cublas", 64, False, True, 1),
+# Module attributes a setting may set: knob -> (module, attribute). Each graph is captured with
+# every knob at its default except those its setting names.
+KNOBS = {
+    "order_min_reqs": ("fulcrum.attention.triton_backend", "ORDER_MIN_REQS"),
+    "fuse_rope_kv": ("fulcrum.attention.triton_backend", "FUSE_ROPE_KV"),
+    "pdl": ("fulcrum.kernels.pdl", "ENABLED"),
+    "early_waves": ("fulcrum.kernels.pdl", "EARLY_MAX_WAVES"),
+    "gemv_max_m": ("fulcrum.kernels.gemv", "USE_MAX_M"),
+    "fuse_norm": ("fulcrum.kernels.gemv", "FUSE_NORM"),
+    "fuse_silu": ("fulcrum.kernels.gemv", "FUSE_SILU"),
+    "max_splits": ("fulcrum.kernels.decode_attention", "MAX_SPLITS"),
+    "min_split": ("fulcrum.kernels.decode_attention", "MIN_SPLIT_TOKENS"),
+    "small_bn": ("fulcrum.kernels.decode_attention", "SMALL_BATCH_BLOCK_N"),
+}
+_CUBLAS = {"gemv_max_m": 0}  # the linear layers on cuBLAS at every batch size
+_GEMV = {"gemv_max_m": 1}  # batch 1's linear layers on the Triton GEMV
+SETTINGS: dict[str, dict] = {  # name: knob values ("blas": torch's preferred BLAS library)
+    "cublas": {**_CUBLAS, "pdl": False},
+    "cublas+pdl": {**_CUBLAS, "pdl": True},
+    "cublaslt+pdl": {**_CUBLAS, "pdl": True, "blas": "cublaslt"},
+    "cublas+pdl request-order": {**_CUBLAS, "pdl": True, "order_min_reqs": 10**9},
+    "cublas+pdl unfused-rope": {**_CUBLAS, "pdl": True, "fuse_rope_kv": False},
+    "gemv+pdl": {**_GEMV, "pdl": True},
+    "gemv": {**_GEMV, "pdl": False},
     # every Triton grid, however large, releases the next kernel right after its wait
-    "gemv+pdl early-all": ("cublas", 64, True, True, 1),
-    # decode attention split at most 16 / 8 ways (batch 1 takes 32 by default)
-    "gemv+pdl splits16": ("cublas", 64, True, True, 1),
-    "gemv+pdl splits8": ("cublas", 64, True, True, 1),
-    "gemv+pdl early-all splits16": ("cublas", 64, True, True, 1),
-    # decode attention splits of at least 128 / 256 / 512 tokens (MIN_SPLIT_TOKENS)
-    "gemv+pdl minsplit128": ("cublas", 64, True, True, 1),
-    "gemv+pdl minsplit256": ("cublas", 64, True, True, 1),
-    "gemv+pdl minsplit512": ("cublas", 64, True, True, 1),
-    "gemv+pdl splits4": ("cublas", 64, True, True, 1),
-    # RMSNorm (+ residual add) fused into the one-row GEMV after it (gemv.FUSE_NORM)
-    "gemv+pdl normfuse": ("cublas", 64, True, True, 1),
-    # SiLU-and-mul fused into the down projection's GEMV (gemv.FUSE_SILU, bf16 weights)
-    "gemv+pdl silufuse": ("cublas", 64, True, True, 1),
-    "gemv+pdl normfuse silufuse": ("cublas", 64, True, True, 1),
+    "gemv+pdl early-all": {**_GEMV, "pdl": True, "early_waves": 10**9},
+    # decode attention split at most 16 / 8 / 4 ways (batch 1 takes 32 by default)
+    "gemv+pdl splits16": {**_GEMV, "pdl": True, "max_splits": 16},
+    "gemv+pdl splits8": {**_GEMV, "pdl": True, "max_splits": 8},
+    "gemv+pdl splits4": {**_GEMV, "pdl": True, "max_splits": 4},
+    "gemv+pdl early-all splits16": {**_GEMV, "pdl": True, "early_waves": 10**9, "max_splits": 16},
+    # decode attention splits of at least 128 / 256 / 512 tokens
+    "gemv+pdl minsplit128": {**_GEMV, "pdl": True, "min_split": 128},
+    "gemv+pdl minsplit256": {**_GEMV, "pdl": True, "min_split": 256},
+    "gemv+pdl minsplit512": {**_GEMV, "pdl": True, "min_split": 512},
+    # RMSNorm (+ residual add) and/or SiLU-and-mul fused into batch 1's GEMVs (bf16 weights)
+    "gemv+pdl normfuse": {**_GEMV, "pdl": True, "fuse_norm": True},
+    "gemv+pdl silufuse": {**_GEMV, "pdl": True, "fuse_silu": True},
+    "gemv+pdl normfuse silufuse": {**_GEMV, "pdl": True, "fuse_norm": True, "fuse_silu": True},
     # decode attention tiles of 32 / 16 tokens at batch <= 4 (more working splits)
-    "gemv+pdl attn-bn32": ("cublas", 64, True, True, 1),
-    "gemv+pdl attn-bn16": ("cublas", 64, True, True, 1),
+    "gemv+pdl attn-bn32": {**_GEMV, "pdl": True, "small_bn": 32},
+    "gemv+pdl attn-bn16": {**_GEMV, "pdl": True, "small_bn": 16},
 }
 
 
@@ -64,35 +78,27 @@ def _graph_ms(runner, b: int, iters: int = 10) -> float:
 
 
 def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
+    import importlib
+
     import torch
 
-    import fulcrum.attention.triton_backend as tb
-    import fulcrum.kernels.decode_attention as dm
-    from fulcrum.kernels import gemv, pdl
+    mods = {k: importlib.import_module(m) for k, (m, _) in KNOBS.items()}
+    defaults = {k: getattr(mods[k], attr) for k, (_, attr) in KNOBS.items()}
+    defaults["blas"] = torch.backends.cuda.preferred_blas_library()
 
-    max_splits, min_split = dm.MAX_SPLITS, dm.MIN_SPLIT_TOKENS
-    fuse_norm, fuse_silu, bn = gemv.FUSE_NORM, gemv.FUSE_SILU, dm.SMALL_BATCH_BLOCK_N
+    def apply(values: dict) -> None:
+        for k, (_, attr) in KNOBS.items():
+            setattr(mods[k], attr, values.get(k, defaults[k]))
+        torch.backends.cuda.preferred_blas_library(values.get("blas", defaults["blas"]))
 
-    lib0 = torch.backends.cuda.preferred_blas_library()
-    default = (lib0, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M)
     times: dict[str, list[float]] = {}
-    for _ in range(rounds):
-        for name in names:
-            lib, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M = SETTINGS[name]
-            pdl.EARLY_MAX_WAVES = 10**9 if "early-all" in name else 1
-            gemv.FUSE_NORM = "normfuse" in name or fuse_norm
-            gemv.FUSE_SILU = "silufuse" in name or fuse_silu
-            dm.SMALL_BATCH_BLOCK_N = int(name.rsplit("attn-bn", 1)[1]) if "attn-bn" in name else bn
-            dm.MAX_SPLITS = int(name.rsplit("splits", 1)[1]) if " splits" in name else max_splits
-            dm.MIN_SPLIT_TOKENS = (
-                int(name.rsplit("minsplit", 1)[1]) if "minsplit" in name else min_split
-            )
-            torch.backends.cuda.preferred_blas_library(lib)
-            times.setdefault(name, []).append(_graph_ms(runner, b))
-    torch.backends.cuda.preferred_blas_library(lib0)
-    _, tb.ORDER_MIN_REQS, pdl.ENABLED, tb.FUSE_ROPE_KV, gemv.USE_MAX_M = default
-    pdl.EARLY_MAX_WAVES, dm.MAX_SPLITS, dm.MIN_SPLIT_TOKENS = 1, max_splits, min_split
-    gemv.FUSE_NORM, gemv.FUSE_SILU, dm.SMALL_BATCH_BLOCK_N = fuse_norm, fuse_silu, bn
+    try:
+        for _ in range(rounds):
+            for name in names:
+                apply({**SETTINGS[name], "blas": SETTINGS[name].get("blas", "cublas")})
+                times.setdefault(name, []).append(_graph_ms(runner, b))
+    finally:
+        apply(defaults)
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 

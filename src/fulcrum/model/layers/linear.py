@@ -41,12 +41,13 @@ def norm_linear(
     if x.shape[0] == 1 and x.dim() == 2 and operands is not None and use_triton(x):
         from fulcrum.kernels import gemv
 
-        weight, bias, scale = operands()
-        if gemv.FUSE_NORM and weight.element_size() == 2 and gemv.use_gemv(x, weight):
-            cfg = gemv.GPU_CONFIG["bf16_norm"]
-            return gemv.norm_gemv(
-                x, residual, norm.weight, norm.eps, weight, bias, config=cfg, scale=scale
-            )
+        if gemv.FUSE_NORM:
+            weight, bias, scale = operands()
+            if weight.element_size() == 2 and gemv.use_gemv(x, weight):
+                cfg = gemv.GPU_CONFIG["bf16_norm"]
+                return gemv.norm_gemv(
+                    x, residual, norm.weight, norm.eps, weight, bias, config=cfg, scale=scale
+                )
     if residual is None:
         return layer(norm(x)), x
     h, residual = norm(x, residual)
@@ -61,9 +62,9 @@ def silu_mul_linear(layer: nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
         if use_triton(gate_up):
             from fulcrum.kernels import gemv
 
-            weight, bias, scale = operands()
-            k = gate_up.shape[1] // 2
-            if gemv.FUSE_SILU and weight.element_size() == 2 and weight.shape[1] == k:
-                cfg = gemv.GPU_CONFIG["bf16_silu"]
-                return gemv.silu_mul_gemv(gate_up, weight, bias, config=cfg, scale=scale)
+            if gemv.FUSE_SILU and gemv.USE_MAX_M >= 1:
+                weight, bias, scale = operands()
+                if weight.element_size() == 2 and 2 * weight.shape[1] == gate_up.shape[1]:
+                    cfg = gemv.GPU_CONFIG["bf16_silu"]
+                    return gemv.silu_mul_gemv(gate_up, weight, bias, config=cfg, scale=scale)
     return layer(silu_and_mul(gate_up))
