@@ -178,9 +178,7 @@ def norm_gemv(
     if x.shape[0] != 1:
         raise ValueError(f"norm_gemv: one row of x, got {tuple(x.shape)}")
     assert norm_weight.is_contiguous() and norm_weight.shape == (x.shape[1],)
-    out, h = _launch(x, weight, bias, config, scale, (norm_weight, eps), residual)
-    assert h is not None
-    return out, h
+    return _launch(x, weight, bias, config, scale, (norm_weight, eps), residual)
 
 
 def silu_mul_gemv(

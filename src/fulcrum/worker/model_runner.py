@@ -134,8 +134,7 @@ class ModelRunner:
         mc = self.config.model_config
         shape = (2, 1, self.block_size, mc.num_kv_heads, mc.head_dim)
         scratch = [
-            torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-            for _ in range(mc.num_layers)
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(mc.num_layers)
         ]
         q_len = min(self.block_size, num_tokens)
         lens = [q_len] + [1] * (num_tokens - q_len)
@@ -169,8 +168,7 @@ class ModelRunner:
         # Zeroed, not empty: the FP8 kernels read V a whole page at a time and weight the tokens
         # past a sequence's end by 0, which needs them finite.
         self.kv_caches = [
-            torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-            for _ in range(mc.num_layers)
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(mc.num_layers)
         ]
         self.num_blocks = num_blocks
         if self.device.type == "cuda" and not self.config.enforce_eager:
@@ -264,11 +262,20 @@ class ModelRunner:
 
     def _patch(self, ids: torch.Tensor, dst: list[int], src: list[int]) -> None:
         """``ids[dst] = previous step's sampled[src]``, on the device."""
-        if not dst:
-            return
+        if dst:
+            idx = self._staging.put("patch", np.array([dst, src], dtype=np.int64), torch.int64)
+            self._fill_sampled(ids, idx)
+
+    def _fill_sampled(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """``ids[rows[0]] = previous step's sampled[rows[1]]`` for device ``rows [2, k]``: one
+        launch on CUDA (``kernels/scatter.py``), a gather and a scatter elsewhere."""
         assert self._prev_sampled is not None
-        idx = self._staging.put("patch", np.array([dst, src], dtype=np.int64), torch.int64)
-        ids.index_copy_(0, idx[0], self._prev_sampled.index_select(0, idx[1]))
+        if use_triton(ids):
+            from fulcrum.kernels.scatter import gather_scatter
+
+            gather_scatter(ids, rows, self._prev_sampled)
+        else:
+            ids.index_copy_(0, rows[0], self._prev_sampled.index_select(0, rows[1]))
 
     @torch.inference_mode()
     def execute_async(self, out: SchedulerOutput, block_tables: list[list[int]]) -> StepHandle:
@@ -294,12 +301,7 @@ class ModelRunner:
         return sampled, self._logprobs(h.reqs, lps, ids, ranks)
 
     def _decode_step(
-        self,
-        ids: np.ndarray,
-        pos: np.ndarray,
-        dst: list[int],
-        src: list[int],
-        states: list[ReqState],
+        self, ids: np.ndarray, pos: np.ndarray, dst: list[int], src: list[int], states: list[ReqState]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits of a pure-decode batch, and their greedy ids when a CUDA graph computed them."""
         bs, n = self.block_size, len(ids)
@@ -307,16 +309,9 @@ class ModelRunner:
         slots = table.numpy()[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
         if self.use_cuda_graphs and self.graphs is not None and self.graphs.bucket(n):
             g = self.graphs
-            b = g.stage(ids, pos, slots, table, dst, src)
-            if dst:  # the ids the previous step sampled, still on the device
-                assert self._prev_sampled is not None
-                ids, rows = g.tokens[0], g.patch[:, : len(dst)]
-                if use_triton(ids):
-                    from fulcrum.kernels.scatter import gather_scatter
-
-                    gather_scatter(ids, rows, self._prev_sampled)  # one launch, not two
-                else:
-                    ids.index_copy_(0, rows[0], self._prev_sampled.index_select(0, rows[1]))
+            b = g.stage(ids, pos, slots, table, dst, src)  # the patch rows copied with the rest
+            if dst:
+                self._fill_sampled(g.tokens[0], g.patch[:, : len(dst)])
             self._staging.fence()
             return self.graphs.replay(b, n)
         seq_lens = pos + 1
@@ -409,9 +404,7 @@ class ModelRunner:
         host, event = self._to_host(sampled, *extra)
         return StepHandle(host[0], event, host[1:] or None, reqs if extra else None)
 
-    def _to_host(
-        self, *tensors: torch.Tensor
-    ) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+    def _to_host(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
         """Start copying device tensors to (pinned) host memory; the event marks them done."""
         if self.device.type != "cuda":  # copies too: graph outputs are overwritten by the next step
             return [t.clone() for t in tensors], None
