@@ -35,6 +35,8 @@ KNOBS = {
     "fuse_rope_kv": ("fulcrum.attention.triton_backend", "FUSE_ROPE_KV"),
     "pdl": ("fulcrum.kernels.pdl", "ENABLED"),
     "early_waves": ("fulcrum.kernels.pdl", "EARLY_MAX_WAVES"),
+    "pre_release": ("fulcrum.kernels.pdl", "PRE_RELEASE"),
+    "late_release": ("fulcrum.kernels.pdl", "LATE_RELEASE"),
     "gemv_max_m": ("fulcrum.kernels.gemv", "USE_MAX_M"),
     "fuse_norm": ("fulcrum.kernels.gemv", "FUSE_NORM"),
     "fuse_silu": ("fulcrum.kernels.gemv", "FUSE_SILU"),
@@ -70,6 +72,11 @@ SETTINGS: dict[str, dict] = {  # name: knob values ("blas": torch's preferred BL
     # decode attention tiles of 32 / 16 tokens at batch <= 4 (more working splits)
     "gemv+pdl attn-bn32": {**_GEMV, "pdl": True, "small_bn": 32},
     "gemv+pdl attn-bn16": {**_GEMV, "pdl": True, "small_bn": 16},
+    # small grids release the next kernel before their wait; larger ones after their main loop
+    "gemv+pdl pre": {**_GEMV, "pdl": True, "pre_release": True},
+    "gemv+pdl late": {**_GEMV, "pdl": True, "late_release": True},
+    "gemv+pdl pre late": {**_GEMV, "pdl": True, "pre_release": True, "late_release": True},
+    "cublas+pdl pre late": {**_CUBLAS, "pdl": True, "pre_release": True, "late_release": True},
 }
 
 

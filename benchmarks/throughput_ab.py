@@ -14,6 +14,9 @@
     normfuse  RMSNorm fused into batch 1's GEMVs (gemv.FUSE_NORM)
     silufuse  SiLU-and-mul fused into batch 1's down-projection GEMV (gemv.FUSE_SILU)
     fused     both
+    pdlpre    small Triton grids release the next kernel before their wait (pdl.PRE_RELEASE)
+    pdllate   larger grids (the GEMV) release it after their main loop (pdl.LATE_RELEASE)
+    pdlboth   both
     attn-bn<N>  decode attention tiles of N tokens at batch <= 4 (SMALL_BATCH_BLOCK_N)
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
@@ -67,6 +70,11 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         from fulcrum.kernels import pdl
 
         pdl.EARLY_MAX_WAVES = 10**9
+    if name in ("pdlpre", "pdllate", "pdlboth"):
+        from fulcrum.kernels import pdl
+
+        pdl.PRE_RELEASE = name in ("pdlpre", "pdlboth")
+        pdl.LATE_RELEASE = name in ("pdllate", "pdlboth")
     if name.startswith("splits"):
         import fulcrum.kernels.decode_attention as da
 

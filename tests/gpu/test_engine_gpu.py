@@ -73,15 +73,17 @@ def _engine(
     )
 
 
+@pytest.mark.parametrize("release", ["default", "pre+late"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graph_replay_matches_eager(
-    tiny_llama: str, dtype: str, monkeypatch: pytest.MonkeyPatch
+    tiny_llama: str, dtype: str, release: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """19 requests with different output lengths: the batch shrinks through several buckets.
     Reference: eager, one step at a time, decode programs in request order, plain kernel launches;
-    checked: graphs with asynchronous scheduling, programmatic dependent launch (on Hopper) and,
-    from batch 8, decode programs longest context first (the device sort captured in the
-    graphs)."""
+    checked: graphs with asynchronous scheduling, programmatic dependent launch (on Hopper; with
+    ``pre+late`` small grids release the next kernel before their wait and the GEMV after its
+    loop) and, from batch 8, decode programs longest context first (the device sort captured in
+    the graphs)."""
     from fulcrum.kernels import pdl
 
     prompts = _prompts(19, 320, seed=1)
@@ -96,8 +98,11 @@ def test_graph_replay_matches_eager(
     gc.collect()
 
     monkeypatch.setattr(pdl, "ENABLED", True)
+    monkeypatch.setattr(pdl, "PRE_RELEASE", release == "pre+late")
+    monkeypatch.setattr(pdl, "LATE_RELEASE", release == "pre+late")
     if torch.cuda.get_device_capability()[0] >= 9:
-        assert pdl.mode(torch.empty(1, device="cuda"), 1) == pdl.EARLY
+        want = pdl.PRE if release == "pre+late" else pdl.EARLY
+        assert pdl.mode(torch.empty(1, device="cuda"), 1) == want
     monkeypatch.setattr("fulcrum.attention.triton_backend.ORDER_MIN_REQS", 8)
     llm = _engine(tiny_llama, dtype, eager=False)
     assert llm.core.async_scheduling

@@ -134,6 +134,7 @@ def _gemv_kernel(
             x = tl.load(x_ptrs + k0, mask=mask_m[:, None] & (k0 + offs_k[None, :] < K), other=0.0)
             acc += tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
         w = w_next
+    pdl.release(PDL)  # every weight byte is read: the next kernel may launch
     if BLOCK_M == 1:
         acc = tl.sum(acc1, axis=1)[None, :]
         if NORM != 0:  # W (w_norm * x) * rstd: the row's scale applied once, to the sums

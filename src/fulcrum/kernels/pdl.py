@@ -11,6 +11,16 @@ programs of the next kernel would hold multiprocessors its later programs need):
     mode OFF    plain launch, no wait compiled in (CPU, interpreter, pre-Hopper, FULCRUM_PDL=0)
     mode WAIT   launch with PDL; wait first
     mode EARLY  launch with PDL; wait first, then let dependents launch
+    mode PRE    launch with PDL; let dependents launch, then wait (PRE_RELEASE, small grids)
+    mode LATE   launch with PDL; wait first; let dependents launch where the kernel calls
+                ``release`` -- after its main loop (LATE_RELEASE, larger grids)
+
+Where a kernel releases its dependents never changes what they see: ``griddepcontrol.wait``
+waits for the whole grid before it to finish, whenever that grid let it launch. It changes only
+when the dependents' programs start (the GEMV's first weight tile is read before its wait) and
+which multiprocessors they hold meanwhile. A grid launches only once every program of the grid
+before it has released or exited, so every program of that grid is resident by then: a waiting
+dependent never keeps an earlier kernel's program from running.
 
 Every kernel launched with PDL waits before its first memory access, so each kernel still sees
 all writes of every kernel before it (the kernel it waits for waited in turn), and never
@@ -28,11 +38,16 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-OFF, WAIT, EARLY = 0, 1, 2
+OFF, WAIT, EARLY, PRE, LATE = 0, 1, 2, 3, 4
 # Read at each launch: a CUDA graph keeps the launches it captured.
 ENABLED = os.environ.get("FULCRUM_PDL", "1") != "0"
 # Grids of up to this many SM counts release the next kernel early (benchmarks may raise it).
 EARLY_MAX_WAVES = 1
+# Small grids release before their wait (PRE) instead of after it; larger grids release after
+# their main loop (LATE) instead of at exit. Off until measured on the device
+# (FULCRUM_PDL_PRE=1 / FULCRUM_PDL_LATE=1).
+PRE_RELEASE = os.environ.get("FULCRUM_PDL_PRE", "0") == "1"
+LATE_RELEASE = os.environ.get("FULCRUM_PDL_LATE", "0") == "1"
 
 
 @functools.cache
@@ -49,7 +64,9 @@ def mode(t: torch.Tensor, programs: int) -> int:
     hopper, sms = _device(index)
     if not hopper:
         return OFF
-    return EARLY if programs <= sms * EARLY_MAX_WAVES else WAIT
+    if programs <= sms * EARLY_MAX_WAVES:
+        return PRE if PRE_RELEASE else EARLY
+    return LATE if LATE_RELEASE else WAIT
 
 
 def launch_options(m: int) -> dict[str, bool]:
@@ -60,7 +77,16 @@ def launch_options(m: int) -> dict[str, bool]:
 @triton.jit
 def wait(MODE: tl.constexpr):
     """First statement of a kernel: wait for the kernel before it (and release the next)."""
+    if MODE == 3:
+        gdc_launch_dependents()
     if MODE != 0:
         gdc_wait()
     if MODE == 2:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def release(MODE: tl.constexpr):
+    """In mode LATE, let the next kernel launch (a kernel calls it once its main loop is done)."""
+    if MODE == 4:
         gdc_launch_dependents()
