@@ -256,12 +256,14 @@ def test_pdl_modes(monkeypatch: pytest.MonkeyPatch) -> None:
         assert pdl.mode(x, 1) == pdl.OFF
         return
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    monkeypatch.setattr(pdl, "PRE_RELEASE", False)
+    monkeypatch.setattr(pdl, "LATE_RELEASE", False)
     assert pdl.mode(x, sms) == pdl.EARLY  # the whole grid is resident: release the next early
     assert pdl.mode(x, sms + 1) == pdl.WAIT
     monkeypatch.setattr(pdl, "PRE_RELEASE", True)
     monkeypatch.setattr(pdl, "LATE_RELEASE", True)
-    assert pdl.mode(x, sms) == pdl.PRE
-    assert pdl.mode(x, sms + 1) == pdl.LATE
+    assert pdl.mode(x, sms) == pdl.PRE  # released before the wait
+    assert pdl.mode(x, sms + 1) == pdl.LATE  # released after the GEMV's loop
     monkeypatch.setattr(pdl, "ENABLED", False)
     assert pdl.mode(x, 1) == pdl.OFF
 
