@@ -39,7 +39,6 @@ KNOBS = {
     "late_release": ("fulcrum.kernels.pdl", "LATE_RELEASE"),
     "gemv_max_m": ("fulcrum.kernels.gemv", "USE_MAX_M"),
     "fuse_norm": ("fulcrum.kernels.gemv", "FUSE_NORM"),
-    "fuse_silu": ("fulcrum.kernels.gemv", "FUSE_SILU"),
     "max_splits": ("fulcrum.kernels.decode_attention", "MAX_SPLITS"),
     "min_split": ("fulcrum.kernels.decode_attention", "MIN_SPLIT_TOKENS"),
     "small_bn": ("fulcrum.kernels.decode_attention", "SMALL_BATCH_BLOCK_N"),
@@ -65,10 +64,9 @@ SETTINGS: dict[str, dict] = {  # name: knob values ("blas": torch's preferred BL
     "gemv+pdl minsplit128": {**_GEMV, "pdl": True, "min_split": 128},
     "gemv+pdl minsplit256": {**_GEMV, "pdl": True, "min_split": 256},
     "gemv+pdl minsplit512": {**_GEMV, "pdl": True, "min_split": 512},
-    # RMSNorm (+ residual add) and/or SiLU-and-mul fused into batch 1's GEMVs (bf16 weights)
+    # RMSNorm in batch 1's GEMVs: the residual added in the GEMV before, the norm in the one
+    # after (bf16 weights; the norms are folded into the projections at load for every setting)
     "gemv+pdl normfuse": {**_GEMV, "pdl": True, "fuse_norm": True},
-    "gemv+pdl silufuse": {**_GEMV, "pdl": True, "fuse_silu": True},
-    "gemv+pdl normfuse silufuse": {**_GEMV, "pdl": True, "fuse_norm": True, "fuse_silu": True},
     # decode attention tiles of 32 / 16 tokens at batch <= 4 (more working splits)
     "gemv+pdl attn-bn32": {**_GEMV, "pdl": True, "small_bn": 32},
     "gemv+pdl attn-bn16": {**_GEMV, "pdl": True, "small_bn": 16},
@@ -128,6 +126,10 @@ def main() -> None:
     from fulcrum import LLM, SamplingParams
 
     engine = dict(g.ENGINE, quantization="fp8", kv_cache_dtype="fp8") if args.fp8 else g.ENGINE
+    if any(SETTINGS[s].get("fuse_norm") for s in args.settings):
+        from fulcrum.kernels import gemv
+
+        gemv.FUSE_NORM = True  # fold the norms at load; each setting then picks the path
     llm = LLM(g.MODEL, **engine)
     core = llm.core
     rng = random.Random(0)

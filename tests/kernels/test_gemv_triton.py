@@ -79,80 +79,127 @@ def test_gemv_fp8_weight_with_row_scales(m: int) -> None:
     assert (out - F.linear(x, w, b)).abs().max() < 0.05 * F.linear(x, w).abs().max() + 0.01
 
 
-def _norm_ref(h: torch.Tensor, nw: torch.Tensor, eps: float) -> torch.Tensor:
+def _norm_ref(h: torch.Tensor, eps: float) -> torch.Tensor:
     """The normalized row in fp32 (not rounded to h's dtype: the fused kernel never rounds it)."""
     hf = h.float()
-    return hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps) * nw.float()
+    return hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
 
 
 @pytest.mark.parametrize(
-    ("residual", "bias", "fp8", "config"),
+    ("bias", "fp8", "config"),
     [
-        (False, False, False, (8, 16, 1)),  # first layer: RMSNorm of x, several K tiles
-        (True, True, False, (8, 16, 1)),  # x + residual, bias, a ragged last K tile
-        (True, False, False, (4, 128, 2)),  # one K tile wider than K
-        (True, False, True, (8, 32, 1)),  # an FP8 weight with row scales
+        (False, False, (8, 16, 1)),  # several K tiles, a ragged last one
+        (True, False, (8, 16, 1)),  # bias after the row's scale
+        (False, False, (4, 128, 2)),  # one K tile wider than K
+        (True, True, (8, 32, 1)),  # an FP8 weight with row scales
     ],
 )
-def test_norm_gemv_matches_norm_then_linear(residual: bool, bias: bool, fp8: bool, config):
-    """RMSNorm (with the residual add) fused into the GEMV: ``(W (w_n * h)) * rstd``, and
-    ``h = x + residual`` returned as the next residual."""
+def test_norm_gemv_matches_norm_then_linear(bias: bool, fp8: bool, config) -> None:
+    """RMSNorm fused into the GEMV: ``(W x) * rsqrt(mean(x^2) + eps) * scale + bias``."""
     from fulcrum.kernels.gemv import norm_gemv
     from fulcrum.quant.fp8 import quantize_rows
 
-    g = torch.Generator().manual_seed(int(residual) + 2 * int(bias) + 4 * int(fp8))
+    g = torch.Generator().manual_seed(int(bias) + 2 * int(fp8) + config[1])
     k, n, eps = 72, 21, 1e-5
     x = torch.randn(1, k, generator=g) * 3
-    res = torch.randn(1, k, generator=g) if residual else None
-    nw = torch.rand(k, generator=g) + 0.5
     w = torch.randn(n, k, generator=g) * 0.05
     b = torch.randn(n, generator=g) if bias else None
     scale = None
     if fp8:
         w, scale = quantize_rows(w)
-    out, h = norm_gemv(x, res, nw, eps, w, b, config=config, scale=scale)
-    want_h = x + res if residual else x
-    assert torch.equal(h, want_h)
+    out = norm_gemv(x, eps, w, b, config=config, scale=scale)
     wf = w.float() * (scale[:, None] if scale is not None else 1.0)
-    ref = F.linear(_norm_ref(want_h, nw, eps), wf, b)
-    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out, F.linear(_norm_ref(x, eps), wf, b), atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="norm_gemv"):
+        norm_gemv(torch.randn(2, k), eps, w)
 
 
 def test_norm_gemv_bf16_close_to_the_unfused_pair() -> None:
     """bf16: within the unfused norm's rounding of the normalized row of norm-then-GEMV."""
     from fulcrum.kernels.gemv import norm_gemv
-    from fulcrum.kernels.rmsnorm import fused_add_rms_norm_ref
+    from fulcrum.kernels.rmsnorm import rms_norm_ref
 
     g = torch.Generator().manual_seed(9)
-    x, res = (torch.randn(1, 128, generator=g).bfloat16() for _ in range(2))
-    nw = (torch.rand(128, generator=g) + 0.5).bfloat16()
+    x = torch.randn(1, 128, generator=g).bfloat16()
     w = (torch.randn(40, 128, generator=g) * 0.05).bfloat16()
-    out, h = norm_gemv(x, res, nw, 1e-5, w, config=(8, 32, 1))
-    normed, want_h = fused_add_rms_norm_ref(x, res, nw, 1e-5)
+    out = norm_gemv(x, 1e-5, w, config=(8, 32, 1))
     assert out.dtype == torch.bfloat16
-    # one bf16 step apart at most: the interpreter casts fp32 -> bf16 by truncation (CUDA
-    # rounds to nearest, as torch does)
-    torch.testing.assert_close(h.float(), want_h.float(), atol=0, rtol=1 / 128)
-    unfused = F.linear(normed.float(), w.float())
+    unfused = F.linear(rms_norm_ref(x, torch.ones(128).bfloat16(), 1e-5).float(), w.float())
     torch.testing.assert_close(out.float(), unfused, atol=2e-2, rtol=2e-2)
-    with pytest.raises(ValueError, match="norm_gemv"):
-        norm_gemv(torch.randn(2, 128).bfloat16(), None, nw, 1e-5, w)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_silu_mul_gemv_matches_activation_then_gemv(dtype: torch.dtype) -> None:
-    """silu(gate) * up formed in the GEMV's K loop, rounded as ``silu_and_mul`` rounds it."""
-    from fulcrum.kernels.activation import silu_and_mul
-    from fulcrum.kernels.gemv import silu_mul_gemv
+@pytest.mark.parametrize("m", [1, 3])
+def test_gemv_adds_the_residual_in_its_epilogue(m: int, dtype: torch.dtype) -> None:
+    """``gemv(..., residual=r)``: the product rounded to the dtype, then ``+ r`` rounded, as
+    ``F.linear(x, w, b) + r`` rounds it."""
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 48, generator=g).to(dtype)
+    w = (torch.randn(24, 48, generator=g) * 0.1).to(dtype)
+    b = torch.randn(24, generator=g).to(dtype)
+    r = torch.randn(m, 24, generator=g).to(dtype)
+    out = gemv(x, w, b, config=(8, 16, 1), residual=r)
+    ref = (F.linear(x.float(), w.float(), b.float()).to(dtype).float() + r.float()).to(dtype)
+    # bf16: a step or two of the operands apart at most (the interpreter casts fp32 -> bf16 by
+    # truncation, twice here; CUDA rounds to nearest)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1 / 64)
+    torch.testing.assert_close(out.float(), ref.float(), **tol)
+    with pytest.raises(ValueError, match="residual"):
+        gemv(x, w, residual=r[:, :-1])
 
-    g = torch.Generator().manual_seed(21)
-    k, n = 40, 13
-    gate_up = (torch.randn(1, 2 * k, generator=g) * 2).to(dtype)
-    w = (torch.randn(n, k, generator=g) * 0.1).to(dtype)
-    b = torch.randn(n, generator=g).to(dtype)
-    out = silu_mul_gemv(gate_up, w, b, config=(8, 16, 1))
-    ref = gemv(silu_and_mul(gate_up), w, b, config=(8, 16, 1))
-    assert out.dtype == dtype
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="silu_mul_gemv"):
-        silu_mul_gemv(gate_up[:, :-1], w)
+
+def test_fused_norm_layers_match_the_unfused_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoder layer's half after attention with the norms fused into its one-row GEMVs
+    (the norm folded into gate_up, the residual adds in o_proj's and down's epilogues) against
+    the same layer unfused, and the next layer's qkv against norm-then-linear."""
+    import fulcrum.model.layers.linear as linear_mod
+    from fulcrum.kernels import gemv as gemv_mod
+    from fulcrum.model.llama import DecoderLayer, ModelArgs
+
+    a = ModelArgs(
+        vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, qkv_bias=True,
+        tie_word_embeddings=False, max_position=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    layers = [DecoderLayer(a, None, None) for _ in range(2)]
+    for layer in layers:
+        for p in layer.parameters():
+            p.data = torch.randn_like(p) * 0.1
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            norm.weight.data = torch.rand(64) + 0.5
+    o = torch.randn(1, 64)
+    residual = torch.randn(1, 64)
+    x = torch.randn(1, 64)
+    out, res = layers[0].after_attention(o, residual)  # unfused: the add deferred to the norm
+    qkv_ref, h_ref = linear_mod.norm_linear(
+        layers[1].input_layernorm, layers[1].self_attn.qkv_proj, out, res
+    )
+
+    for layer in layers:
+        linear_mod.fold_norm(layer.input_layernorm, layer.self_attn.qkv_proj)
+        linear_mod.fold_norm(layer.post_attention_layernorm, layer.mlp.gate_up_proj)
+    assert torch.equal(layers[0].input_layernorm.weight, torch.ones(64))
+    monkeypatch.setattr(gemv_mod, "FUSE_NORM", True)
+    monkeypatch.setattr(gemv_mod, "GPU_CONFIG", {k: (8, 32, 1) for k in gemv_mod.GPU_CONFIG})
+    monkeypatch.setattr(linear_mod, "use_triton", lambda t: True)  # the interpreter's GEMV
+    assert linear_mod.fused_norms(o, layers[0].post_attention_layernorm)
+    out_f, res_f = layers[0].after_attention(o, residual)
+    assert res_f is None  # the output holds the residual
+    torch.testing.assert_close(out_f, out + res, atol=1e-4, rtol=1e-4)
+    qkv_f, h_f = linear_mod.norm_linear(
+        layers[1].input_layernorm, layers[1].self_attn.qkv_proj, out_f, None
+    )
+    assert h_f is out_f
+    torch.testing.assert_close(h_f, h_ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(qkv_f, qkv_ref, atol=1e-4, rtol=1e-4)
+    # the first layer's input: no residual yet, the embedding row itself
+    qkv0, h0 = linear_mod.norm_linear(
+        layers[0].input_layernorm, layers[0].self_attn.qkv_proj, x, None
+    )
+    assert h0 is x
+    monkeypatch.setattr(gemv_mod, "FUSE_NORM", False)
+    unf, _ = linear_mod.norm_linear(
+        layers[0].input_layernorm, layers[0].self_attn.qkv_proj, x, None
+    )
+    torch.testing.assert_close(qkv0, unf, atol=1e-4, rtol=1e-4)

@@ -38,23 +38,16 @@ from fulcrum.kernels import GEMV_MAX_M, pdl
 # 6-14% (qkv, o_proj, down, gate_up, lm_head), FP8 by 2-44% against the FP8 GEMM path.
 MAX_M = GEMV_MAX_M
 USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
-# RMSNorm (and the residual add) fused into the one-row GEMV after it (``norm_gemv``), bf16/fp16
-# weights only (with it an FP8 GEMV passes Hopper's issue limit, 0.25 warp instructions per
-# byte at (4, 1024, 4)): off until measured on the device; ``FULCRUM_GEMV_NORM=1`` turns it on.
+# RMSNorm fused across the one-row GEMVs around it (``gemv(..., residual=)`` adds the residual
+# in the producing GEMV's epilogue, ``norm_gemv`` scales the consuming GEMV's sums by the row's
+# rsqrt; the norm's weight is folded into the consuming projection's columns at load,
+# ``model/layers/linear.fold_norm``): bf16/fp16 weights. ``FULCRUM_GEMV_NORM=1`` turns it on.
 FUSE_NORM = os.environ.get("FULCRUM_GEMV_NORM", "0") == "1"
-# SiLU-and-mul fused into the one-row GEMV after it (``silu_mul_gemv``), bf16/fp16 weights only
-# (an FP8 GEMV is already near Hopper's issue limit: ``benchmarks/kernel_resources.py``): off
-# until measured on the device; ``FULCRUM_GEMV_SILU=1`` turns it on.
-FUSE_SILU = os.environ.get("FULCRUM_GEMV_SILU", "0") == "1"
 # (block_n, block_k, num_warps) on CUDA by weight element size: "bf16" (bf16/fp16, tuned),
 # "fp8" (tuned), "fp32" (not tuned: half the bf16 tile, the same register bytes); the
 # interpreter's tiles. ``FULCRUM_GEMV_CONFIG="bf16=4,2048,4;fp8=4,1024,4"`` overrides them.
 GPU_CONFIG: dict[str, tuple[int, ...]] = {
     "bf16": (4, 2048, 4),
-    "bf16_silu": (8, 1024, 4),  # with silu_mul fused in: the activation shared by 8 rows
-    # with RMSNorm fused in: (4, 2048, 4) would take 234 registers (2 programs per SM); this
-    # one 117 (4 per SM), 0.081 warp instructions per weight byte (kernel_resources.py --norm 2)
-    "bf16_norm": (8, 512, 4),
     "fp8": (4, 1024, 4),
     "fp32": (4, 1024, 4),
 }
@@ -75,21 +68,20 @@ def _gemv_kernel(
     w_ptr,
     s_ptr,
     b_ptr,
+    r_ptr,  # ADD_RES: the residual [M, N] added to the output
     out_ptr,
-    res_ptr,  # NORM == 2: the residual added to x
-    nw_ptr,  # NORM > 0: the RMSNorm weight [K]
-    new_res_ptr,  # NORM == 2: x + residual, written by program 0
     eps,
     M,
     N,
     stride_xm,
     stride_wn,
+    stride_rm,
     stride_om,
     K: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    NORM: tl.constexpr,  # 0: x as given; 1: RMSNorm(x); 2: RMSNorm(x + residual) (BLOCK_M 1)
-    SILU_MUL: tl.constexpr,  # x is [gate | up] (2K wide): silu(gate) * up (BLOCK_M 1)
+    NORM: tl.constexpr,  # sums scaled by rsqrt(mean(x^2) + eps) (BLOCK_M 1)
+    ADD_RES: tl.constexpr,  # out = round(round(y) + residual), as a separate add rounds it
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -110,25 +102,14 @@ def _gemv_kernel(
     # per tile (the branch is resolved at compile time).
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_K], dtype=tl.float32)  # NORM: sum of squares of the row, elementwise
+    sq = tl.zeros([BLOCK_K], dtype=tl.float32)  # NORM: the row's squares, summed elementwise
     for k0 in range(0, K, BLOCK_K):
         nk = k0 + BLOCK_K + offs_k
         w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0)
         if BLOCK_M == 1:
-            mask_k = k0 + offs_k < K
-            x = tl.load(x_ptr + k0 + offs_k, mask=mask_k, other=0.0)
-            if SILU_MUL:  # as silu_and_mul computes and rounds it
-                g = x.to(tl.float32)
-                u = tl.load(x_ptr + K + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-                x = (g / (1.0 + tl.exp(-g)) * u).to(x.dtype)
-            if NORM == 2:  # the new residual, rounded as the unfused add rounds it
-                r = tl.load(res_ptr + k0 + offs_k, mask=mask_k, other=0.0)
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-                tl.store(new_res_ptr + k0 + offs_k, x, mask=mask_k & (pid == 0))
-            xf = x.to(tl.float32)
-            if NORM != 0:
+            xf = tl.load(x_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
+            if NORM:
                 sq += xf * xf
-                xf = xf * tl.load(nw_ptr + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
             acc1 += w.to(tl.float32) * xf[None, :]
         else:
             x = tl.load(x_ptrs + k0, mask=mask_m[:, None] & (k0 + offs_k[None, :] < K), other=0.0)
@@ -137,14 +118,18 @@ def _gemv_kernel(
     pdl.release(PDL)  # every weight byte is read: the next kernel may launch
     if BLOCK_M == 1:
         acc = tl.sum(acc1, axis=1)[None, :]
-        if NORM != 0:  # W (w_norm * x) * rstd: the row's scale applied once, to the sums
+        if NORM:  # W' (x * rstd) = (W' x) * rstd: the row's scale applied once, to the sums
             acc *= tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
     if HAS_SCALE:
         acc *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    if ADD_RES:
+        r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)
+        acc = acc.to(out_ptr.dtype.element_ty).to(tl.float32) + r.to(tl.float32)
     dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def gemv(
@@ -153,54 +138,34 @@ def gemv(
     bias: torch.Tensor | None = None,  # [N]
     config: tuple[int, int, int] | None = None,  # (block_n, block_k, num_warps); None: tuned
     scale: torch.Tensor | None = None,  # [N] fp32, one per weight row (an FP8 weight's)
+    residual: torch.Tensor | None = None,  # [M, N]: added to the output
 ) -> torch.Tensor:
-    """``(x @ weight.T) * scale + bias`` for a few rows of ``x``, in ``x``'s dtype."""
-    return _launch(x, weight, bias, config, scale, None, None)[0]
+    """``(x @ weight.T) * scale + bias (+ residual)`` for a few rows of ``x``, in ``x``'s dtype;
+    the product is rounded to that dtype before the residual is added (as a separate add)."""
+    return _launch(x, weight, bias, config, scale, residual, None)
 
 
 def norm_gemv(
     x: torch.Tensor,  # [1, K]
-    residual: torch.Tensor | None,  # [1, K] or None
-    norm_weight: torch.Tensor,  # [K]
     eps: float,
-    weight: torch.Tensor,  # [N, K]
-    bias: torch.Tensor | None = None,
-    config: tuple[int, int, int] | None = None,
-    scale: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm of one row, then the GEMV, in one kernel (no norm launch before it): with
-    ``h = x`` or ``h = x + residual`` (rounded to x's dtype), returns ``(y, h)`` where
-    ``y = (W (norm_weight * h)) * rsqrt(mean(h^2) + eps) * scale + bias``.
-
-    Every program accumulates the row's sum of squares from the tiles of ``h`` it reads anyway
-    and scales its sums by the row's rsqrt at the end, so the normalized row is never rounded
-    to x's dtype as the unfused norm rounds it: results differ from norm-then-GEMV by that
-    rounding only. Program 0 writes ``h`` (the next residual)."""
-    if x.shape[0] != 1:
-        raise ValueError(f"norm_gemv: one row of x, got {tuple(x.shape)}")
-    assert norm_weight.is_contiguous() and norm_weight.shape == (x.shape[1],)
-    return _launch(x, weight, bias, config, scale, (norm_weight, eps), residual)
-
-
-def silu_mul_gemv(
-    gate_up: torch.Tensor,  # [1, 2K]: gate | up
-    weight: torch.Tensor,  # [N, K]
+    weight: torch.Tensor,  # [N, K]: the projection with the norm's weight folded into its columns
     bias: torch.Tensor | None = None,
     config: tuple[int, int, int] | None = None,
     scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``gemv(silu_and_mul(gate_up), weight, ...)`` for one row in one kernel (no activation
-    launch before it, no round trip of the activation through memory). Every program forms
-    the activation of the K tiles it reads, rounded as ``silu_and_mul`` rounds it."""
-    if gate_up.shape[0] != 1 or gate_up.shape[1] % 2:
-        raise ValueError(f"silu_mul_gemv: one row of [gate | up], got {tuple(gate_up.shape)}")
-    return _launch(gate_up, weight, bias, config, scale, None, None, silu_mul=True)[0]
+    """``gemv(rms_norm(x, ones), weight, ...)`` for one row in one kernel:
+    ``(weight @ x) * rsqrt(mean(x^2) + eps) * scale + bias``. Every program sums the row's
+    squares from the tiles of ``x`` it streams anyway, so the norm costs no launch, no extra
+    memory traffic and no trip of the normalized row through memory. The norm's own weight is
+    the caller's to fold into ``weight`` (``model/layers/linear.fold_norm``). Results differ
+    from norm-then-GEMV only by the normalized row's rounding, which never happens here."""
+    if x.shape[0] != 1:
+        raise ValueError(f"norm_gemv: one row of x, got {tuple(x.shape)}")
+    return _launch(x, weight, bias, config, scale, None, eps)
 
 
-def _launch(x, weight, bias, config, scale, norm, residual, silu_mul=False):
+def _launch(x, weight, bias, config, scale, residual, eps):
     m, k = x.shape
-    if silu_mul:
-        k //= 2
     n, k_w = weight.shape
     if m > MAX_M or k != k_w:
         raise ValueError(f"gemv: x {tuple(x.shape)} and weight {tuple(weight.shape)}")
@@ -208,15 +173,13 @@ def _launch(x, weight, bias, config, scale, norm, residual, silu_mul=False):
         x = x.contiguous()
     assert weight.stride(-1) == 1
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    new_res = None
-    assert not (silu_mul and norm is not None)
     if residual is not None:
+        if residual.shape != out.shape:
+            raise ValueError(f"gemv: residual {tuple(residual.shape)}, output {(m, n)}")
         if residual.dtype != x.dtype or residual.stride(-1) != 1:
             residual = residual.to(x.dtype).contiguous()
-        assert residual.shape == x.shape
-        new_res = torch.empty_like(x)
     if m == 0:
-        return out, new_res
+        return out
     if config is None:
         kind = {1: "fp8", 2: "bf16"}.get(weight.element_size(), "fp32")
         config = GPU_CONFIG[kind] if x.is_cuda else INTERPRET_CONFIG
@@ -231,21 +194,20 @@ def _launch(x, weight, bias, config, scale, norm, residual, silu_mul=False):
         weight,
         scale if scale is not None else weight,
         bias if bias is not None else weight,
+        residual if residual is not None else out,
         out,
-        residual if residual is not None else x,
-        norm[0] if norm is not None else x,
-        new_res if new_res is not None else x,
-        norm[1] if norm is not None else 0.0,
+        eps if eps is not None else 0.0,
         m,
         n,
         x.stride(0),
         weight.stride(0),
+        residual.stride(0) if residual is not None else 0,
         out.stride(0),
         K=k,
         HAS_SCALE=scale is not None,
         HAS_BIAS=bias is not None,
-        NORM=0 if norm is None else 1 if residual is None else 2,
-        SILU_MUL=silu_mul,
+        NORM=eps is not None,
+        ADD_RES=residual is not None,
         BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
@@ -253,4 +215,4 @@ def _launch(x, weight, bias, config, scale, norm, residual, silu_mul=False):
         num_warps=warps,
         **pdl.launch_options(mode),
     )
-    return out, (new_res if residual is not None else x)
+    return out

@@ -13,7 +13,14 @@ import torch
 from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
-from fulcrum.model.layers.linear import Linear, norm_linear, silu_mul_linear
+from fulcrum.model.layers.activation import silu_and_mul
+from fulcrum.model.layers.linear import (
+    Linear,
+    fold_norm,
+    fused_norms,
+    norm_linear,
+    residual_linear,
+)
 from fulcrum.model.layers.norm import RMSNorm
 from fulcrum.model.layers.rotary import RotaryEmbedding
 from fulcrum.quant.base import QuantMethod
@@ -87,10 +94,10 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(self, qkv, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """``o_proj`` of the attention rows, from ``qkv_proj``'s output."""
+        """The attention rows ``[T, heads * D]`` (``o_proj``'s input), from ``qkv_proj``'s
+        output."""
         q, k, v = self.project(qkv, positions, kv_cache, meta.slot_mapping)
-        o = self.backend.attend(q, k, v, kv_cache, meta)
-        return self.o_proj(o.reshape(-1, self.q_size))
+        return self.backend.attend(q, k, v, kv_cache, meta).reshape(-1, self.q_size)
 
 
 class MLP(nn.Module):
@@ -100,11 +107,7 @@ class MLP(nn.Module):
         self.down_proj = _linear(a.intermediate_size, a.hidden_size, False, quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.gate_up_proj(x))
-
-    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The MLP's output from ``gate_up_proj``'s."""
-        return silu_mul_linear(self.down_proj, gate_up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -121,11 +124,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
-    # Each norm runs with the projection after it (``norm_linear``: one kernel at batch 1).
+    # ``(x, residual)`` between layers: the hidden state is ``x + residual``; ``residual`` None
+    # when ``x`` already holds it (the embedding; a layer whose last GEMV added it).
     def forward(self, x, residual, positions, kv_cache, meta):
         qkv, residual = norm_linear(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
-        h = self.self_attn(qkv, positions, kv_cache, meta)
-        return self.after_attention(h, residual)
+        o = self.self_attn(qkv, positions, kv_cache, meta)
+        return self.after_attention(o, residual)
 
     # The layer in two halves around attention, for CUDA graphs captured piecewise.
     def before_attention(self, x, residual, positions, kv_cache, slot_mapping):
@@ -133,12 +137,15 @@ class DecoderLayer(nn.Module):
         qkv, residual = norm_linear(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
         return (*self.self_attn.project(qkv, positions, kv_cache, slot_mapping), residual)
 
-    def after_attention(self, h, residual):
-        """``(output, residual)`` from the attention rows ``h`` (after ``o_proj``)."""
-        gate_up, residual = norm_linear(
-            self.post_attention_layernorm, self.mlp.gate_up_proj, h, residual
-        )
-        return self.mlp.down(gate_up), residual
+    def after_attention(self, o, residual):
+        """``(output, residual)`` from the attention rows ``o`` (``o_proj``'s input)."""
+        attn, mlp, norm = self.self_attn, self.mlp, self.post_attention_layernorm
+        if fused_norms(o, norm):  # one row: each residual add in the GEMV before the norm
+            h = residual_linear(attn.o_proj, o, residual)
+            gate_up, h = norm_linear(norm, mlp.gate_up_proj, h, None)
+            return residual_linear(mlp.down_proj, silu_and_mul(gate_up), h), None
+        gate_up, residual = norm_linear(norm, mlp.gate_up_proj, attn.o_proj(o), residual)
+        return mlp.down_proj(silu_and_mul(gate_up)), residual
 
 
 class LlamaModel(nn.Module):
@@ -157,8 +164,7 @@ class LlamaModel(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, positions, kv_cache, meta)
-        x, _ = self.norm(x, residual)
-        return x
+        return self.norm(x) if residual is None else self.norm(x, residual)[0]
 
     # The forward as segments between attention calls (worker/piecewise_graph.py):
     #   segment 0        embed -> layer 0 before attention                   -> q, k, v, residual
@@ -173,13 +179,10 @@ class LlamaModel(nn.Module):
             x = self.embed_tokens(input_ids)
             return self.layers[0].before_attention(x, None, positions, kv_cache, slots)
         prev = self.layers[i - 1]
-        x, residual = prev.after_attention(
-            prev.self_attn.o_proj(o.reshape(-1, prev.self_attn.q_size)), residual
-        )
+        x, residual = prev.after_attention(o.reshape(-1, prev.self_attn.q_size), residual)
         if i < len(self.layers):
             return self.layers[i].before_attention(x, residual, positions, kv_cache, slots)
-        x, _ = self.norm(x, residual)
-        return x
+        return self.norm(x) if residual is None else self.norm(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -206,6 +209,21 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def fold_norms(self) -> None:
+        """With ``gemv.FUSE_NORM`` on CUDA and unquantized 2-byte projections, fold each layer's
+        norms into the projections after them (``fold_norm``): a one-row step then runs each
+        norm inside the GEMVs around it. Called once the weights are loaded."""
+        from fulcrum.kernels import gemv
+
+        first = self.model.layers[0].self_attn.qkv_proj
+        if not (gemv.FUSE_NORM and first.weight.is_cuda and type(first) is Linear):
+            return
+        if first.weight.element_size() != 2:
+            return
+        for layer in self.model.layers:
+            fold_norm(layer.input_layernorm, layer.self_attn.qkv_proj)
+            fold_norm(layer.post_attention_layernorm, layer.mlp.gate_up_proj)
 
     # -- weights ------------------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from fulcrum.kernels import GEMV_MAX_M
-from fulcrum.model.layers.activation import silu_and_mul
 from fulcrum.model.layers.dispatch import use_triton
 from fulcrum.model.layers.norm import RMSNorm
 
@@ -31,40 +30,66 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
+def _gemv_row(x: torch.Tensor, layer: nn.Module):
+    """(weight, bias, scale) when ``layer`` runs the GEMV for ``x`` (one row on CUDA), else
+    None."""
+    operands = getattr(layer, "gemv_operands", None)
+    if x.shape[0] != 1 or x.dim() != 2 or operands is None or not use_triton(x):
+        return None
+    from fulcrum.kernels import gemv
+
+    ops = operands()
+    return ops if gemv.use_gemv(x, ops[0]) else None
+
+
+def fused_norms(x: torch.Tensor, norm: RMSNorm) -> bool:
+    """Whether this step runs the norms fused into the one-row GEMVs around them: the residual
+    added in the producing GEMV (``residual_linear``), the norm in the consuming one
+    (``norm_linear`` with ``norm`` folded, ``fold_norm``)."""
+    if not getattr(norm, "folded", False) or x.shape[0] != 1 or not use_triton(x):
+        return False
+    from fulcrum.kernels import gemv
+
+    return gemv.FUSE_NORM
+
+
+def fold_norm(norm: RMSNorm, layer: nn.Module) -> None:
+    """Fold ``norm``'s weight into the columns of the projection after it, ``W' = W diag(w)``,
+    and make the norm's own weight ones: every path computes the same function, and a one-row
+    GEMV can apply the norm as one scale of its sums (``gemv.norm_gemv``)."""
+    with torch.no_grad():
+        w = layer.weight
+        w.copy_((w.float() * norm.weight.float()[None, :]).to(w.dtype))
+        norm.weight.fill_(1.0)
+    norm.folded = True
+
+
 def norm_linear(
     norm: RMSNorm, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(layer(norm(h)), h)`` with ``h = x`` or ``x + residual``. A one-row CUDA step whose
-    layer runs the GEMV on a 2-byte weight does it in one kernel (``gemv.norm_gemv``, when
-    ``gemv.FUSE_NORM``): the norm's own launch, and its trip through memory, drop out."""
-    operands = getattr(layer, "gemv_operands", None)
-    if x.shape[0] == 1 and x.dim() == 2 and operands is not None and use_triton(x):
-        from fulcrum.kernels import gemv
+    """``(layer(norm(h)), h)`` with ``h = x`` or ``x + residual``. A one-row CUDA step with the
+    norms fused (``fused_norms``; ``x`` then already holds the residual) does it in one kernel
+    (``gemv.norm_gemv``): the norm's own launch, and its trip through memory, drop out."""
+    if residual is None and fused_norms(x, norm):
+        ops = _gemv_row(x, layer)
+        if ops is not None:
+            from fulcrum.kernels import gemv
 
-        if gemv.FUSE_NORM:
-            weight, bias, scale = operands()
-            if weight.element_size() == 2 and gemv.use_gemv(x, weight):
-                cfg = gemv.GPU_CONFIG["bf16_norm"]
-                return gemv.norm_gemv(
-                    x, residual, norm.weight, norm.eps, weight, bias, config=cfg, scale=scale
-                )
+            weight, bias, scale = ops
+            return gemv.norm_gemv(x, norm.eps, weight, bias, scale=scale), x
     if residual is None:
         return layer(norm(x)), x
     h, residual = norm(x, residual)
     return layer(h), residual
 
 
-def silu_mul_linear(layer: nn.Module, gate_up: torch.Tensor) -> torch.Tensor:
-    """``layer(silu_and_mul(gate_up))``: one kernel for a one-row CUDA step whose layer runs
-    the GEMV on a 2-byte weight (``gemv.silu_mul_gemv``, when ``gemv.FUSE_SILU``)."""
-    operands = getattr(layer, "gemv_operands", None)
-    if gate_up.shape[0] == 1 and gate_up.dim() == 2 and operands is not None:
-        if use_triton(gate_up):
-            from fulcrum.kernels import gemv
+def residual_linear(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``layer(x) + residual``; one kernel where ``layer`` runs the GEMV (the add in its
+    epilogue)."""
+    ops = _gemv_row(x, layer)
+    if ops is None:
+        return layer(x) + residual
+    from fulcrum.kernels import gemv
 
-            if gemv.FUSE_SILU and gemv.USE_MAX_M >= 1:
-                weight, bias, scale = operands()
-                if weight.element_size() == 2 and 2 * weight.shape[1] == gate_up.shape[1]:
-                    cfg = gemv.GPU_CONFIG["bf16_silu"]
-                    return gemv.silu_mul_gemv(gate_up, weight, bias, config=cfg, scale=scale)
-    return layer(silu_and_mul(gate_up))
+    weight, bias, scale = ops
+    return gemv.gemv(x, weight, bias, scale=scale, residual=residual)
