@@ -50,7 +50,9 @@ MAX_SPLITS = 32
 MIN_SPLIT_TOKENS = 0
 # A tile of this many tokens for batches of up to SMALL_BATCH_MAX_REQS requests (None: the
 # config's): a single stream's short context then spreads over more working splits (a split
-# works on whole tiles). Depends on the batch size only: graph-safe.
+# works on whole tiles). Depends on the batch size only: graph-safe. Measured on an H200
+# (BENCHMARKS.md, eighth session): 32 and 16 no faster at a 1,000-token context, 32 slower at
+# 4,000; it stays None.
 SMALL_BATCH_BLOCK_N: int | None = None
 SMALL_BATCH_MAX_REQS = 4
 # How an FP8 cache's tiles meet the tensor cores on CUDA:
