@@ -39,6 +39,7 @@ KNOBS = {
     "late_release": ("fulcrum.kernels.pdl", "LATE_RELEASE"),
     "gemv_max_m": ("fulcrum.kernels.gemv", "USE_MAX_M"),
     "fuse_norm": ("fulcrum.kernels.gemv", "FUSE_NORM"),
+    "fuse_silu": ("fulcrum.kernels.gemv", "FUSE_SILU"),
     "max_splits": ("fulcrum.kernels.decode_attention", "MAX_SPLITS"),
     "min_split": ("fulcrum.kernels.decode_attention", "MIN_SPLIT_TOKENS"),
     "small_bn": ("fulcrum.kernels.decode_attention", "SMALL_BATCH_BLOCK_N"),
@@ -67,6 +68,9 @@ SETTINGS: dict[str, dict] = {  # name: knob values ("blas": torch's preferred BL
     # RMSNorm in batch 1's GEMVs: the residual added in the GEMV before, the norm in the one
     # after (bf16 weights; the norms are folded into the projections at load for every setting)
     "gemv+pdl normfuse": {**_GEMV, "pdl": True, "fuse_norm": True},
+    # SiLU-and-mul in the gate_up GEMV's epilogue, with or without the norm fusion
+    "gemv+pdl silufuse": {**_GEMV, "pdl": True, "fuse_silu": True},
+    "gemv+pdl normfuse silufuse": {**_GEMV, "pdl": True, "fuse_norm": True, "fuse_silu": True},
     # decode attention tiles of 32 / 16 tokens at batch <= 4 (more working splits)
     "gemv+pdl attn-bn32": {**_GEMV, "pdl": True, "small_bn": 32},
     "gemv+pdl attn-bn16": {**_GEMV, "pdl": True, "small_bn": 16},

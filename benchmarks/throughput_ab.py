@@ -12,6 +12,8 @@
     splits<N>  decode attention split at most N ways (32 by default)
     minsplit<N>  decode attention splits of at least N tokens (MIN_SPLIT_TOKENS)
     normfuse  RMSNorm fused into batch 1's GEMVs (gemv.FUSE_NORM; the norms folded at load)
+    silufuse  SiLU-and-mul in the epilogue of batch 1's gate_up GEMV (gemv.FUSE_SILU)
+    fused     both
     pdlpre    small Triton grids release the next kernel before their wait (pdl.PRE_RELEASE)
     pdllate   larger grids (the GEMV) release it after their main loop (pdl.LATE_RELEASE)
     pdlboth   both
@@ -81,10 +83,11 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         import fulcrum.kernels.decode_attention as da
 
         da.MIN_SPLIT_TOKENS = int(name.removeprefix("minsplit"))
-    if name == "normfuse":
+    if name in ("normfuse", "silufuse", "fused"):
         from fulcrum.kernels import gemv
 
-        gemv.FUSE_NORM = True
+        gemv.FUSE_NORM = name in ("normfuse", "fused")
+        gemv.FUSE_SILU = name in ("silufuse", "fused")
     if name.startswith("attn-bn"):
         import fulcrum.kernels.decode_attention as da
 

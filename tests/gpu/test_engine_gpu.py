@@ -211,17 +211,20 @@ def test_logprobs_close_to_transformers_tiny(tiny_llama: str) -> None:
     _check_against_hf(tiny_llama, _prompts(6, 320, seed=2), 24)
 
 
+@pytest.mark.parametrize("silu", [False, True])
 def test_fused_norms_close_to_transformers_tiny(
-    tiny_llama: str, monkeypatch: pytest.MonkeyPatch
+    tiny_llama: str, silu: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The norms fused into batch 1's GEMVs (``FULCRUM_GEMV_NORM=1``: folded into the
-    projections at load, the residual adds in the GEMV epilogues): one request at a time, so
-    every decode step is a one-row step, bf16 against transformers."""
+    projections at load, the residual adds in the GEMV epilogues), with and without the
+    activation in gate_up's GEMV (``FULCRUM_GEMV_SILU=1``): one request at a time, so every
+    decode step is a one-row step, bf16 against transformers."""
     from fulcrum.kernels import gemv
 
     prompts, max_new = _prompts(3, 320, seed=4), 24
     ref, ref_top = _hf_greedy_top(tiny_llama, prompts, max_new)
     monkeypatch.setattr(gemv, "FUSE_NORM", True)
+    monkeypatch.setattr(gemv, "FUSE_SILU", silu)
     llm = LLM(tiny_llama, device="cuda", dtype="bfloat16", num_kv_blocks=2048, max_num_seqs=16)
     layer = llm.core.runner.model.model.layers[0]
     assert layer.input_layernorm.folded and layer.post_attention_layernorm.folded

@@ -342,8 +342,9 @@ def test_gemv_llama8b(m: int, fp8: bool) -> None:
 def test_fused_norm_gemvs_llama8b() -> None:
     """The norm fused across the 8B model's one-row GEMVs, in a CUDA graph with PDL: o_proj adds
     the residual in its epilogue, gate_up (the norm's weight folded into its columns) scales its
-    sums by the row's rsqrt; against the unfused add + RMSNorm + GEMV, within bf16 rounding."""
-    from fulcrum.kernels.gemv import gemv, norm_gemv
+    sums by the row's rsqrt (and applies SiLU-and-mul, ``silu_gemv``); against the unfused
+    add + RMSNorm + GEMV (+ activation), within bf16 rounding."""
+    from fulcrum.kernels.gemv import gemv, norm_gemv, silu_gemv
 
     _gen(13)
     k = 4096
@@ -364,3 +365,8 @@ def test_fused_norm_gemvs_llama8b() -> None:
         assert torch.equal(h, want_h)
         ref = gemv(normed, w)
         torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
+        if n == 28672:  # gate_up: the activation in the epilogue too
+            act = silu_gemv(h, w_folded, eps=1e-5)
+            torch.testing.assert_close(act.float(), silu_and_mul(ref).float(), atol=3e-2, rtol=3e-2)
+            act1 = silu_gemv(normed, w)  # the activation alone, rounding as silu_and_mul
+            torch.testing.assert_close(act1, silu_and_mul(ref), atol=1e-2, rtol=1e-2)

@@ -150,8 +150,9 @@ def test_gemv_adds_the_residual_in_its_epilogue(m: int, dtype: torch.dtype) -> N
 
 def test_fused_norm_layers_match_the_unfused_layer(monkeypatch: pytest.MonkeyPatch) -> None:
     """A decoder layer's half after attention with the norms fused into its one-row GEMVs
-    (the norm folded into gate_up, the residual adds in o_proj's and down's epilogues) against
-    the same layer unfused, and the next layer's qkv against norm-then-linear."""
+    (the norm folded into gate_up, the residual adds in o_proj's and down's epilogues), with
+    and without the activation in gate_up's GEMV, against the same layer unfused; the next
+    layer's qkv against norm-then-linear."""
     import fulcrum.model.layers.linear as linear_mod
     from fulcrum.kernels import gemv as gemv_mod
     from fulcrum.model.llama import DecoderLayer, ModelArgs
@@ -187,6 +188,14 @@ def test_fused_norm_layers_match_the_unfused_layer(monkeypatch: pytest.MonkeyPat
     out_f, res_f = layers[0].after_attention(o, residual)
     assert res_f is None  # the output holds the residual
     torch.testing.assert_close(out_f, out + res, atol=1e-4, rtol=1e-4)
+    monkeypatch.setattr(gemv_mod, "FUSE_SILU", True)  # and the activation in gate_up's GEMV
+    out_s, _ = layers[0].after_attention(o, residual)
+    torch.testing.assert_close(out_s, out + res, atol=1e-4, rtol=1e-4)
+    monkeypatch.setattr(gemv_mod, "FUSE_NORM", False)  # the activation alone
+    out_a, res_a = layers[0].after_attention(o, residual)
+    torch.testing.assert_close(out_a + res_a, out + res, atol=1e-4, rtol=1e-4)
+    monkeypatch.setattr(gemv_mod, "FUSE_NORM", True)
+    monkeypatch.setattr(gemv_mod, "FUSE_SILU", False)
     qkv_f, h_f = linear_mod.norm_linear(
         layers[1].input_layernorm, layers[1].self_attn.qkv_proj, out_f, None
     )
@@ -203,3 +212,52 @@ def test_fused_norm_layers_match_the_unfused_layer(monkeypatch: pytest.MonkeyPat
         layers[0].input_layernorm, layers[0].self_attn.qkv_proj, x, None
     )
     torch.testing.assert_close(qkv0, unf, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("m", "norm", "fp8", "config"),
+    [
+        (1, False, False, (4, 16, 1)),  # two output rows per program, ragged K tiles
+        (3, False, False, (8, 32, 1)),  # several rows of x, an output not a multiple of 4
+        (1, True, False, (8, 16, 1)),  # with the norm of norm_gemv first
+        (2, False, True, (4, 32, 1)),  # an FP8 weight: each row's own scale
+    ],
+)
+def test_silu_gemv_matches_gemv_then_activation(m: int, norm: bool, fp8: bool, config) -> None:
+    """SiLU-and-mul in the GEMV's epilogue: each program owns matching gate and up rows."""
+    from fulcrum.kernels.activation import silu_and_mul
+    from fulcrum.kernels.gemv import norm_gemv, silu_gemv
+    from fulcrum.quant.fp8 import quantize_rows
+
+    g = torch.Generator().manual_seed(m + 10 * int(norm) + 100 * int(fp8))
+    k, i = 40, 13
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(2 * i, k, generator=g) * 0.2
+    b = None if fp8 else torch.randn(2 * i, generator=g)
+    scale = None
+    if fp8:
+        w, scale = quantize_rows(w)
+    out = silu_gemv(x, w, b, config=config, scale=scale, eps=1e-5 if norm else None)
+    if norm:
+        gate_up = norm_gemv(x, 1e-5, w, b, config=config, scale=scale)
+    else:
+        gate_up = gemv(x, w, b, config=config, scale=scale)
+    assert out.shape == (m, i)
+    torch.testing.assert_close(out, silu_and_mul(gate_up), atol=1e-5, rtol=1e-5)
+
+
+def test_silu_gemv_bf16_and_bad_shapes() -> None:
+    from fulcrum.kernels.activation import silu_and_mul
+    from fulcrum.kernels.gemv import silu_gemv
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 64, generator=g).bfloat16()
+    w = (torch.randn(48, 64, generator=g) * 0.1).bfloat16()
+    out = silu_gemv(x, w, config=(4, 32, 1))
+    assert out.dtype == torch.bfloat16
+    ref = silu_and_mul(gemv(x, w, config=(4, 32, 1)))
+    torch.testing.assert_close(out.float(), ref.float(), atol=1e-2, rtol=1 / 64)
+    with pytest.raises(ValueError, match="gate and up"):
+        silu_gemv(x, w[:-1])
+    with pytest.raises(ValueError, match="one row"):
+        silu_gemv(torch.randn(2, 64).bfloat16(), w, eps=1e-5)

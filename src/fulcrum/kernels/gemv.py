@@ -43,6 +43,9 @@ USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
 # rsqrt; the norm's weight is folded into the consuming projection's columns at load,
 # ``model/layers/linear.fold_norm``): bf16/fp16 weights. ``FULCRUM_GEMV_NORM=1`` turns it on.
 FUSE_NORM = os.environ.get("FULCRUM_GEMV_NORM", "0") == "1"
+# SiLU-and-mul in the gate_up GEMV's epilogue (``silu_gemv``): off until measured on the device;
+# ``FULCRUM_GEMV_SILU=1`` turns it on.
+FUSE_SILU = os.environ.get("FULCRUM_GEMV_SILU", "0") == "1"
 # (block_n, block_k, num_warps) on CUDA by weight element size: "bf16" (bf16/fp16, tuned),
 # "fp8" (tuned), "fp32" (not tuned: half the bf16 tile, the same register bytes); the
 # interpreter's tiles. ``FULCRUM_GEMV_CONFIG="bf16=4,2048,4;fp8=4,1024,4"`` overrides them.
@@ -82,14 +85,21 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     NORM: tl.constexpr,  # sums scaled by rsqrt(mean(x^2) + eps) (BLOCK_M 1)
     ADD_RES: tl.constexpr,  # out = round(round(y) + residual), as a separate add rounds it
+    SILU: tl.constexpr,  # W is [gate; up] (2N rows): out = silu(gate rows) * up rows
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
+    if SILU:  # rows interleaved gate, up, gate, up, ...: output rows pid * BLOCK_N // 2 + j
+        j = tl.arange(0, BLOCK_N)
+        offs_o = pid * (BLOCK_N // 2) + j // 2
+        mask_n = offs_o < N
+        offs_n = offs_o + (j % 2) * N
+    else:
+        offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     offs_m = tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
@@ -124,6 +134,13 @@ def _gemv_kernel(
         acc *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    if SILU:  # as silu_and_mul computes it from gate_up's rounded output
+        g, u = tl.split(
+            tl.reshape(acc.to(out_ptr.dtype.element_ty).to(tl.float32), [BLOCK_M, BLOCK_N // 2, 2])
+        )
+        acc = g / (1.0 + tl.exp(-g)) * u
+        offs_n = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        mask_n = offs_n < N
     mask = mask_m[:, None] & mask_n[None, :]
     if ADD_RES:
         r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)
@@ -142,7 +159,7 @@ def gemv(
 ) -> torch.Tensor:
     """``(x @ weight.T) * scale + bias (+ residual)`` for a few rows of ``x``, in ``x``'s dtype;
     the product is rounded to that dtype before the residual is added (as a separate add)."""
-    return _launch(x, weight, bias, config, scale, residual, None)
+    return _launch(x, weight, bias, config, scale, residual, None, False)
 
 
 def norm_gemv(
@@ -161,14 +178,33 @@ def norm_gemv(
     from norm-then-GEMV only by the normalized row's rounding, which never happens here."""
     if x.shape[0] != 1:
         raise ValueError(f"norm_gemv: one row of x, got {tuple(x.shape)}")
-    return _launch(x, weight, bias, config, scale, None, eps)
+    return _launch(x, weight, bias, config, scale, None, eps, False)
 
 
-def _launch(x, weight, bias, config, scale, residual, eps):
+def silu_gemv(
+    x: torch.Tensor,  # [M, K]; one row with ``eps``
+    weight: torch.Tensor,  # [2N, K]: gate rows, then up rows
+    bias: torch.Tensor | None = None,  # [2N]
+    config: tuple[int, int, int] | None = None,
+    scale: torch.Tensor | None = None,  # [2N]
+    eps: float | None = None,  # the norm of ``norm_gemv`` first
+) -> torch.Tensor:
+    """``silu_and_mul(gemv(x, weight, ...))`` -- ``[M, N]`` -- in one kernel: each program
+    owns matching gate and up rows and applies the activation to its sums (rounded to x's
+    dtype first, as the separate activation kernel sees them). No extra memory traffic."""
+    if weight.shape[0] % 2:
+        raise ValueError(f"silu_gemv: gate and up rows, got {weight.shape[0]} rows")
+    if eps is not None and x.shape[0] != 1:
+        raise ValueError(f"silu_gemv: the norm needs one row of x, got {tuple(x.shape)}")
+    return _launch(x, weight, bias, config, scale, None, eps, True)
+
+
+def _launch(x, weight, bias, config, scale, residual, eps, silu):
     m, k = x.shape
     n, k_w = weight.shape
     if m > MAX_M or k != k_w:
         raise ValueError(f"gemv: x {tuple(x.shape)} and weight {tuple(weight.shape)}")
+    n //= 2 if silu else 1  # output columns
     if x.stride(-1) != 1:
         x = x.contiguous()
     assert weight.stride(-1) == 1
@@ -184,11 +220,13 @@ def _launch(x, weight, bias, config, scale, residual, eps):
         kind = {1: "fp8", 2: "bf16"}.get(weight.element_size(), "fp32")
         config = GPU_CONFIG[kind] if x.is_cuda else INTERPRET_CONFIG
     block_n, block_k, warps = config
+    assert block_n >= 2 or not silu
     block_k = min(block_k, triton.next_power_of_2(k))
-    grid = (triton.cdiv(n, block_n),)
+    grid = (triton.cdiv(n, block_n // 2 if silu else block_n),)
     mode = pdl.mode(x, grid[0])
     if scale is not None:
-        assert scale.dtype == torch.float32 and scale.is_contiguous() and scale.numel() == n
+        assert scale.dtype == torch.float32 and scale.is_contiguous()
+        assert scale.numel() == weight.shape[0]
     _gemv_kernel[grid](
         x,
         weight,
@@ -208,6 +246,7 @@ def _launch(x, weight, bias, config, scale, residual, eps):
         HAS_BIAS=bias is not None,
         NORM=eps is not None,
         ADD_RES=residual is not None,
+        SILU=silu,
         BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=block_n,
         BLOCK_K=block_k,

@@ -142,10 +142,10 @@ class DecoderLayer(nn.Module):
         attn, mlp, norm = self.self_attn, self.mlp, self.post_attention_layernorm
         if fused_norms(o, norm):  # one row: each residual add in the GEMV before the norm
             h = residual_linear(attn.o_proj, o, residual)
-            gate_up, h = norm_linear(norm, mlp.gate_up_proj, h, None)
-            return residual_linear(mlp.down_proj, silu_and_mul(gate_up), h), None
-        gate_up, residual = norm_linear(norm, mlp.gate_up_proj, attn.o_proj(o), residual)
-        return mlp.down_proj(silu_and_mul(gate_up)), residual
+            act, h = norm_linear(norm, mlp.gate_up_proj, h, None, silu=True)
+            return residual_linear(mlp.down_proj, act, h), None
+        act, residual = norm_linear(norm, mlp.gate_up_proj, attn.o_proj(o), residual, silu=True)
+        return mlp.down_proj(act), residual
 
 
 class LlamaModel(nn.Module):

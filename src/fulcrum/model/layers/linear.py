@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fulcrum.kernels import GEMV_MAX_M
+from fulcrum.model.layers.activation import silu_and_mul
 from fulcrum.model.layers.dispatch import use_triton
 from fulcrum.model.layers.norm import RMSNorm
 
@@ -65,22 +66,38 @@ def fold_norm(norm: RMSNorm, layer: nn.Module) -> None:
 
 
 def norm_linear(
-    norm: RMSNorm, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None
+    norm: RMSNorm,
+    layer: nn.Module,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    silu: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(layer(norm(h)), h)`` with ``h = x`` or ``x + residual``. A one-row CUDA step with the
-    norms fused (``fused_norms``; ``x`` then already holds the residual) does it in one kernel
-    (``gemv.norm_gemv``): the norm's own launch, and its trip through memory, drop out."""
-    if residual is None and fused_norms(x, norm):
-        ops = _gemv_row(x, layer)
-        if ops is not None:
-            from fulcrum.kernels import gemv
-
-            weight, bias, scale = ops
-            return gemv.norm_gemv(x, norm.eps, weight, bias, scale=scale), x
+    """``(layer(norm(h)), h)`` with ``h = x`` or ``x + residual``; with ``silu``,
+    ``silu_and_mul`` of the projection (gate_up). Where the projection runs the one-row GEMV:
+    with the norms fused (``fused_norms``; ``x`` then already holds the residual) the norm is
+    part of the GEMV (``gemv.norm_gemv``), and with ``gemv.FUSE_SILU`` so is the activation
+    (``gemv.silu_gemv``): their launches, and their trips through memory, drop out."""
+    eps = None
     if residual is None:
-        return layer(norm(x)), x
-    h, residual = norm(x, residual)
-    return layer(h), residual
+        h = x
+        if fused_norms(x, norm) and _gemv_row(x, layer) is not None:
+            eps = norm.eps
+        else:
+            x = norm(x)
+    else:
+        x, h = norm(x, residual)
+    ops = _gemv_row(x, layer) if eps is not None or silu else None
+    if ops is not None:
+        from fulcrum.kernels import gemv
+
+        weight, bias, scale = ops
+        if silu and gemv.FUSE_SILU:
+            return gemv.silu_gemv(x, weight, bias, scale=scale, eps=eps), h
+        if eps is not None:
+            y = gemv.norm_gemv(x, eps, weight, bias, scale=scale)
+            return (silu_and_mul(y) if silu else y), h
+    y = layer(x)
+    return (silu_and_mul(y) if silu else y), h
 
 
 def residual_linear(layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
