@@ -78,6 +78,16 @@ SETTINGS: dict[str, dict] = {  # name: knob values ("blas": torch's preferred BL
     "gemv+pdl pre": {**_GEMV, "pdl": True, "pre_release": True},
     "gemv+pdl late": {**_GEMV, "pdl": True, "late_release": True},
     "gemv+pdl pre late": {**_GEMV, "pdl": True, "pre_release": True, "late_release": True},
+    # every grid, however large, releases the next kernel before its wait
+    "gemv+pdl pre-all": {**_GEMV, "pdl": True, "pre_release": True, "early_waves": 10**9},
+    "gemv+pdl pre-all normfuse silufuse": {
+        **_GEMV,
+        "pdl": True,
+        "pre_release": True,
+        "early_waves": 10**9,
+        "fuse_norm": True,
+        "fuse_silu": True,
+    },
     "cublas+pdl pre late": {**_CUBLAS, "pdl": True, "pre_release": True, "late_release": True},
 }
 
