@@ -217,10 +217,13 @@ class LlamaForCausalLM(nn.Module):
         from fulcrum.kernels import gemv
 
         first = self.model.layers[0].self_attn.qkv_proj
-        if not (gemv.FUSE_NORM and first.weight.is_cuda and type(first) is Linear):
+        if not (gemv.FUSE_NORM and first.weight.is_cuda and first.weight.element_size() == 2):
             return
-        if first.weight.element_size() != 2:
-            return
+        for layer in self.model.layers:  # not for quantized or sharded layers
+            attn, mlp = layer.self_attn, layer.mlp
+            projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            if any(type(p) is not Linear for p in projections):
+                return
         for layer in self.model.layers:
             fold_norm(layer.input_layernorm, layer.self_attn.qkv_proj)
             fold_norm(layer.post_attention_layernorm, layer.mlp.gate_up_proj)
