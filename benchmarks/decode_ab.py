@@ -104,6 +104,8 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     mods = {k: importlib.import_module(m) for k, (m, _) in KNOBS.items()}
     defaults = {k: getattr(mods[k], attr) for k, (_, attr) in KNOBS.items()}
     defaults["blas"] = torch.backends.cuda.preferred_blas_library()
+    restore = dict(defaults)
+    defaults["fuse_norm"] = False  # main() may have switched it on to fold the norms at load
 
     def apply(values: dict) -> None:
         for k, (_, attr) in KNOBS.items():
@@ -117,7 +119,7 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
                 apply({**SETTINGS[name], "blas": SETTINGS[name].get("blas", "cublas")})
                 times.setdefault(name, []).append(_graph_ms(runner, b))
     finally:
-        apply(defaults)
+        apply(restore)
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 

@@ -112,14 +112,14 @@ def _gemv_kernel(
     # per tile (the branch is resolved at compile time).
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    sq = tl.zeros([BLOCK_K], dtype=tl.float32)  # NORM: the row's squares, summed elementwise
+    ss = tl.zeros([1], dtype=tl.float32)  # NORM: the row's sum of squares (one register)
     for k0 in range(0, K, BLOCK_K):
         nk = k0 + BLOCK_K + offs_k
         w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0)
         if BLOCK_M == 1:
             xf = tl.load(x_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
-            if NORM:
-                sq += xf * xf
+            if NORM:  # a reduction per tile: an elementwise sum would hold BLOCK_K registers
+                ss += tl.sum(xf * xf, axis=0)
             acc1 += w.to(tl.float32) * xf[None, :]
         else:
             x = tl.load(x_ptrs + k0, mask=mask_m[:, None] & (k0 + offs_k[None, :] < K), other=0.0)
@@ -129,7 +129,7 @@ def _gemv_kernel(
     if BLOCK_M == 1:
         acc = tl.sum(acc1, axis=1)[None, :]
         if NORM:  # W' (x * rstd) = (W' x) * rstd: the row's scale applied once, to the sums
-            acc *= tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+            acc *= tl.rsqrt(ss / K + eps)[None, :]
     if HAS_SCALE:
         acc *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
