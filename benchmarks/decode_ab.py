@@ -36,9 +36,7 @@ KNOBS = {
     "pdl": ("fulcrum.kernels.pdl", "ENABLED"),
     "early_waves": ("fulcrum.kernels.pdl", "EARLY_MAX_WAVES"),
     "pre_release": ("fulcrum.kernels.pdl", "PRE_RELEASE"),
-    "late_release": ("fulcrum.kernels.pdl", "LATE_RELEASE"),
     "gemv_max_m": ("fulcrum.kernels.gemv", "USE_MAX_M"),
-    "fuse_norm": ("fulcrum.kernels.gemv", "FUSE_NORM"),
     "fuse_silu": ("fulcrum.kernels.gemv", "FUSE_SILU"),
     "max_splits": ("fulcrum.kernels.decode_attention", "MAX_SPLITS"),
     "min_split": ("fulcrum.kernels.decode_attention", "MIN_SPLIT_TOKENS"),
@@ -65,30 +63,17 @@ SETTINGS: dict[str, dict] = {  # name: knob values ("blas": torch's preferred BL
     "gemv+pdl minsplit128": {**_GEMV, "pdl": True, "min_split": 128},
     "gemv+pdl minsplit256": {**_GEMV, "pdl": True, "min_split": 256},
     "gemv+pdl minsplit512": {**_GEMV, "pdl": True, "min_split": 512},
-    # RMSNorm in batch 1's GEMVs: the residual added in the GEMV before, the norm in the one
-    # after (bf16 weights; the norms are folded into the projections at load for every setting)
-    "gemv+pdl normfuse": {**_GEMV, "pdl": True, "fuse_norm": True},
-    # SiLU-and-mul in the gate_up GEMV's epilogue, with or without the norm fusion
+    # SiLU-and-mul in the gate_up GEMV's epilogue (on by default) or as its own kernel
     "gemv+pdl silufuse": {**_GEMV, "pdl": True, "fuse_silu": True},
-    "gemv+pdl normfuse silufuse": {**_GEMV, "pdl": True, "fuse_norm": True, "fuse_silu": True},
+    "gemv+pdl nosilufuse": {**_GEMV, "pdl": True, "fuse_silu": False},
     # decode attention tiles of 32 / 16 tokens at batch <= 4 (more working splits)
     "gemv+pdl attn-bn32": {**_GEMV, "pdl": True, "small_bn": 32},
     "gemv+pdl attn-bn16": {**_GEMV, "pdl": True, "small_bn": 16},
-    # small grids release the next kernel before their wait; larger ones after their main loop
+    # small grids (and the GEMV) release the next kernel before their wait, or after it
     "gemv+pdl pre": {**_GEMV, "pdl": True, "pre_release": True},
-    "gemv+pdl late": {**_GEMV, "pdl": True, "late_release": True},
-    "gemv+pdl pre late": {**_GEMV, "pdl": True, "pre_release": True, "late_release": True},
+    "gemv+pdl after-wait": {**_GEMV, "pdl": True, "pre_release": False},
     # every grid, however large, releases the next kernel before its wait
     "gemv+pdl pre-all": {**_GEMV, "pdl": True, "pre_release": True, "early_waves": 10**9},
-    "gemv+pdl pre-all normfuse silufuse": {
-        **_GEMV,
-        "pdl": True,
-        "pre_release": True,
-        "early_waves": 10**9,
-        "fuse_norm": True,
-        "fuse_silu": True,
-    },
-    "cublas+pdl pre late": {**_CUBLAS, "pdl": True, "pre_release": True, "late_release": True},
 }
 
 
@@ -104,8 +89,6 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     mods = {k: importlib.import_module(m) for k, (m, _) in KNOBS.items()}
     defaults = {k: getattr(mods[k], attr) for k, (_, attr) in KNOBS.items()}
     defaults["blas"] = torch.backends.cuda.preferred_blas_library()
-    restore = dict(defaults)
-    defaults["fuse_norm"] = False  # main() may have switched it on to fold the norms at load
 
     def apply(values: dict) -> None:
         for k, (_, attr) in KNOBS.items():
@@ -119,7 +102,7 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
                 apply({**SETTINGS[name], "blas": SETTINGS[name].get("blas", "cublas")})
                 times.setdefault(name, []).append(_graph_ms(runner, b))
     finally:
-        apply(restore)
+        apply(defaults)
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 
@@ -142,10 +125,6 @@ def main() -> None:
     from fulcrum import LLM, SamplingParams
 
     engine = dict(g.ENGINE, quantization="fp8", kv_cache_dtype="fp8") if args.fp8 else g.ENGINE
-    if any(SETTINGS[s].get("fuse_norm") for s in args.settings):
-        from fulcrum.kernels import gemv
-
-        gemv.FUSE_NORM = True  # fold the norms at load; each setting then picks the path
     llm = LLM(g.MODEL, **engine)
     core = llm.core
     rng = random.Random(0)

@@ -3,9 +3,7 @@ against cuBLAS, each after the kernel that precedes it in the model (fused add +
 a decode step: a CUDA graph of ``norm → linear`` pairs over enough weight copies (≥ 2 GB) that
 every weight comes from HBM, not L2. Reports µs per pair and the weight's floor at 4.28 TB/s.
 With ``--fp8`` the weights are e4m3 with row scales, against the FP8 layer's GEMM path
-(per-token activation quantization, then ``torch._scaled_mm``). At one row it also times the
-pair as one kernel, the norm fused into the GEMV (``gemv.norm_gemv``, ``--norm-configs``; the
-residual add then sits in the epilogue of the GEMV before it).
+(per-token activation quantization, then ``torch._scaled_mm``).
 
     python benchmarks/gemv_bench.py [--m 1 2 4] [--configs 8,512,4 16,256,4 ...] [--fp8]
 """
@@ -105,26 +103,6 @@ def bench_shape(name: str, args: argparse.Namespace) -> None:
                 del graph
             except Exception as e:  # noqa: BLE001  (a config that does not compile)
                 row[vname] = repr(e)[:100]
-        for c in args.norm_configs if m == 1 else []:  # the pair as one kernel
-            cfg = tuple(int(v) for v in c.split(","))
-
-            h_in = x + res  # the row as the GEMV before it leaves it (residual added)
-
-            def fused(cfg=cfg, h_in=h_in):
-                def run() -> None:
-                    for i in range(copies):
-                        gemv.norm_gemv(h_in, 1e-5, ws[i], config=cfg, scale=scales[i])
-
-                return run
-
-            y = gemv.norm_gemv(h_in, 1e-5, ws[0], config=cfg, scale=scales[0])
-            err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
-            graph = g.capture_graph(fused())
-            t = [g.replay_ms(graph, 1) for _ in range(args.rounds)]
-            row[f"norm_gemv {c}"] = round(statistics.median(t) * 1e3 / copies, 2)
-            if err > 2e-2:
-                row[f"norm_gemv {c} err"] = err
-            del graph
         print("RESULT " + json.dumps(row), flush=True)
 
 
@@ -132,12 +110,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, nargs="+", default=[1, 4], help="rows of x")
     ap.add_argument("--configs", nargs="+", default=CONFIGS, help="block_n,block_k,num_warps")
-    ap.add_argument(
-        "--norm-configs",
-        nargs="*",
-        default=["4,2048,4", "8,1024,4", "4,1024,4"],
-        help="m = 1: also time the RMSNorm fused into the GEMV (gemv.norm_gemv) per config",
-    )
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--pdl", type=int, default=1, help="1: the Triton kernels launch with PDL")
     ap.add_argument("--rounds", type=int, default=5, help="timed replays (median)")

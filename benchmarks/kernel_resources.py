@@ -142,23 +142,21 @@ def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
 ISSUE_PER_BYTE = 132 * 4 * 1.98e9 / 4.28e12  # warp instructions Hopper issues per HBM byte
 
 
-def report_gemv(
-    weight: str, cfg: tuple[int, ...], arch: int, norm: bool = False, residual: bool = False
-) -> str:
+def report_gemv(weight: str, cfg: tuple[int, ...], arch: int, silu: bool = False) -> str:
     block_n, block_k, warps = cfg
     w_ty, elem = {"bf16": ("bf16", 2), "fp8": ("fp8e4nv", 1), "fp32": ("fp32", 4)}[weight]
     act = "fp32" if weight == "fp32" else "bf16"
     pointers = dict(x_ptr=f"*{act}", w_ptr=f"*{w_ty}", s_ptr="*fp32", b_ptr=f"*{act}")
-    pointers |= dict(r_ptr=f"*{act}", out_ptr=f"*{act}")
+    pointers |= dict(out_ptr=f"*{act}")
     const = dict(K=4096, HAS_SCALE=weight == "fp8", HAS_BIAS=False, BLOCK_M=1, PDL=0)
-    const |= dict(NORM=norm, ADD_RES=residual, BLOCK_N=block_n, BLOCK_K=block_k)
+    const |= dict(SILU=silu, BLOCK_N=block_n, BLOCK_K=block_k)
     k = _compile(gemv_mod._gemv_kernel, pointers, const, arch, warps, 1, None)
     regs, spill, sass = _ptxas(k.asm["ptx"], arch)
     loop = main_loop(sass)
     per_sm = REGS_PER_SM // (regs * 32 * warps)
     per_byte = sum(loop.values()) * warps / (block_n * block_k * elem)
     return (
-        f"gemv    w={weight:<4s} norm={int(norm)} residual={int(residual)} bn={block_n:<3d} "
+        f"gemv    w={weight:<4s} silu={int(silu)} bn={block_n:<3d} "
         f"bk={block_k:<5d} w={warps}  regs {regs:3d}  "
         f"spill {spill:4d} B  programs/SM {per_sm}  warps/SM {per_sm * warps:2d}\n"
         f"        K loop: {sum(loop.values())} instructions per thread per tile, "
@@ -172,10 +170,7 @@ def main() -> None:
     p.add_argument("--kernel", choices=["decode", "prefill", "gemv"], default="decode")
     p.add_argument("--weight", choices=["bf16", "fp8", "fp32"], default="bf16", help="GEMV weight")
     p.add_argument(
-        "--norm", action="store_true", help="GEMV: RMSNorm of x fused in (gemv.norm_gemv)"
-    )
-    p.add_argument(
-        "--residual", action="store_true", help="GEMV: the residual added in its epilogue"
+        "--silu", action="store_true", help="GEMV: SiLU-and-mul in its epilogue (silu_gemv)"
     )
     p.add_argument("--kv", choices=["bf16", "fp8"], default="bf16", help="KV-cache dtype")
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (Hopper)")
@@ -190,7 +185,7 @@ def main() -> None:
     for c in args.configs:
         cfg = tuple(int(x) for x in c.split(","))
         if args.kernel == "gemv":
-            print(report_gemv(args.weight, cfg, args.arch, args.norm, args.residual))
+            print(report_gemv(args.weight, cfg, args.arch, args.silu))
         else:
             print(report(args.kernel, args.kv, cfg, args.arch))
 

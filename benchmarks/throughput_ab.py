@@ -11,12 +11,9 @@
               grids of at most one program per SM
     splits<N>  decode attention split at most N ways (32 by default)
     minsplit<N>  decode attention splits of at least N tokens (MIN_SPLIT_TOKENS)
-    normfuse  RMSNorm fused into batch 1's GEMVs (gemv.FUSE_NORM; the norms folded at load)
-    silufuse  SiLU-and-mul in the epilogue of batch 1's gate_up GEMV (gemv.FUSE_SILU)
-    fused     both
-    pdlpre    small Triton grids release the next kernel before their wait (pdl.PRE_RELEASE)
-    pdllate   larger grids (the GEMV) release it after their main loop (pdl.LATE_RELEASE)
-    pdlboth   both
+    nosilu    SiLU-and-mul as its own kernel at batch 1 (gemv.FUSE_SILU off)
+    nopre     small Triton grids and the GEMV release the next kernel after their wait, not
+              before it (pdl.PRE_RELEASE off)
     attn-bn<N>  decode attention tiles of N tokens at batch <= 4 (SMALL_BATCH_BLOCK_N)
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
@@ -70,11 +67,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         from fulcrum.kernels import pdl
 
         pdl.EARLY_MAX_WAVES = 10**9
-    if name in ("pdlpre", "pdllate", "pdlboth"):
+    if name == "nopre":
         from fulcrum.kernels import pdl
 
-        pdl.PRE_RELEASE = name in ("pdlpre", "pdlboth")
-        pdl.LATE_RELEASE = name in ("pdllate", "pdlboth")
+        pdl.PRE_RELEASE = False
     if name.startswith("splits"):
         import fulcrum.kernels.decode_attention as da
 
@@ -83,11 +79,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         import fulcrum.kernels.decode_attention as da
 
         da.MIN_SPLIT_TOKENS = int(name.removeprefix("minsplit"))
-    if name in ("normfuse", "silufuse", "fused"):
+    if name == "nosilu":
         from fulcrum.kernels import gemv
 
-        gemv.FUSE_NORM = name in ("normfuse", "fused")
-        gemv.FUSE_SILU = name in ("silufuse", "fused")
+        gemv.FUSE_SILU = False
     if name.startswith("attn-bn"):
         import fulcrum.kernels.decode_attention as da
 

@@ -14,6 +14,6 @@ def test_off_without_cuda() -> None:
     assert pdl.launch_options(pdl.OFF) == {}
 
 
-@pytest.mark.parametrize("m", [pdl.WAIT, pdl.EARLY, pdl.PRE, pdl.LATE])
+@pytest.mark.parametrize("m", [pdl.WAIT, pdl.EARLY, pdl.PRE])
 def test_launch_options(m: int) -> None:
     assert pdl.launch_options(m) == {"launch_pdl": True}

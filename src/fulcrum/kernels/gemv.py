@@ -38,14 +38,10 @@ from fulcrum.kernels import GEMV_MAX_M, pdl
 # 6-14% (qkv, o_proj, down, gate_up, lm_head), FP8 by 2-44% against the FP8 GEMM path.
 MAX_M = GEMV_MAX_M
 USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
-# RMSNorm fused across the one-row GEMVs around it (``gemv(..., residual=)`` adds the residual
-# in the producing GEMV's epilogue, ``norm_gemv`` scales the consuming GEMV's sums by the row's
-# rsqrt; the norm's weight is folded into the consuming projection's columns at load,
-# ``model/layers/linear.fold_norm``): bf16/fp16 weights. ``FULCRUM_GEMV_NORM=1`` turns it on.
-FUSE_NORM = os.environ.get("FULCRUM_GEMV_NORM", "0") == "1"
-# SiLU-and-mul in the gate_up GEMV's epilogue (``silu_gemv``): off until measured on the device;
-# ``FULCRUM_GEMV_SILU=1`` turns it on.
-FUSE_SILU = os.environ.get("FULCRUM_GEMV_SILU", "0") == "1"
+# SiLU-and-mul in the gate_up GEMV's epilogue (``silu_gemv``): the activation's launch and its
+# trip through memory drop out. H200, batch 1 at a 1,000-token context (BENCHMARKS.md, eighth
+# session): step 4.156 -> 4.131 ms, ITL 4.19 -> 4.14 ms. ``FULCRUM_GEMV_SILU=0`` turns it off.
+FUSE_SILU = os.environ.get("FULCRUM_GEMV_SILU", "1") == "1"
 # (block_n, block_k, num_warps) on CUDA by weight element size: "bf16" (bf16/fp16, tuned),
 # "fp8" (tuned), "fp32" (not tuned: half the bf16 tile, the same register bytes); the
 # interpreter's tiles. ``FULCRUM_GEMV_CONFIG="bf16=4,2048,4;fp8=4,1024,4"`` overrides them.
@@ -71,20 +67,15 @@ def _gemv_kernel(
     w_ptr,
     s_ptr,
     b_ptr,
-    r_ptr,  # ADD_RES: the residual [M, N] added to the output
     out_ptr,
-    eps,
     M,
     N,
     stride_xm,
     stride_wn,
-    stride_rm,
     stride_om,
     K: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    NORM: tl.constexpr,  # sums scaled by rsqrt(mean(x^2) + eps) (BLOCK_M 1)
-    ADD_RES: tl.constexpr,  # out = round(round(y) + residual), as a separate add rounds it
     SILU: tl.constexpr,  # W is [gate; up] (2N rows): out = silu(gate rows) * up rows
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -112,24 +103,18 @@ def _gemv_kernel(
     # per tile (the branch is resolved at compile time).
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    ss = tl.zeros([1], dtype=tl.float32)  # NORM: the row's sum of squares (one register)
     for k0 in range(0, K, BLOCK_K):
         nk = k0 + BLOCK_K + offs_k
         w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0)
         if BLOCK_M == 1:
             xf = tl.load(x_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
-            if NORM:  # a reduction per tile: an elementwise sum would hold BLOCK_K registers
-                ss += tl.sum(xf * xf, axis=0)
             acc1 += w.to(tl.float32) * xf[None, :]
         else:
             x = tl.load(x_ptrs + k0, mask=mask_m[:, None] & (k0 + offs_k[None, :] < K), other=0.0)
             acc += tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
         w = w_next
-    pdl.release(PDL)  # every weight byte is read: the next kernel may launch
     if BLOCK_M == 1:
         acc = tl.sum(acc1, axis=1)[None, :]
-        if NORM:  # W' (x * rstd) = (W' x) * rstd: the row's scale applied once, to the sums
-            acc *= tl.rsqrt(ss / K + eps)[None, :]
     if HAS_SCALE:
         acc *= tl.load(s_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
@@ -142,9 +127,6 @@ def _gemv_kernel(
         offs_n = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         mask_n = offs_n < N
     mask = mask_m[:, None] & mask_n[None, :]
-    if ADD_RES:
-        r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)
-        acc = acc.to(out_ptr.dtype.element_ty).to(tl.float32) + r.to(tl.float32)
     dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -155,51 +137,27 @@ def gemv(
     bias: torch.Tensor | None = None,  # [N]
     config: tuple[int, int, int] | None = None,  # (block_n, block_k, num_warps); None: tuned
     scale: torch.Tensor | None = None,  # [N] fp32, one per weight row (an FP8 weight's)
-    residual: torch.Tensor | None = None,  # [M, N]: added to the output
 ) -> torch.Tensor:
-    """``(x @ weight.T) * scale + bias (+ residual)`` for a few rows of ``x``, in ``x``'s dtype;
-    the product is rounded to that dtype before the residual is added (as a separate add)."""
-    return _launch(x, weight, bias, config, scale, residual, None, False)
-
-
-def norm_gemv(
-    x: torch.Tensor,  # [1, K]
-    eps: float,
-    weight: torch.Tensor,  # [N, K]: the projection with the norm's weight folded into its columns
-    bias: torch.Tensor | None = None,
-    config: tuple[int, int, int] | None = None,
-    scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``gemv(rms_norm(x, ones), weight, ...)`` for one row in one kernel:
-    ``(weight @ x) * rsqrt(mean(x^2) + eps) * scale + bias``. Every program sums the row's
-    squares from the tiles of ``x`` it streams anyway, so the norm costs no launch, no extra
-    memory traffic and no trip of the normalized row through memory. The norm's own weight is
-    the caller's to fold into ``weight`` (``model/layers/linear.fold_norm``). Results differ
-    from norm-then-GEMV only by the normalized row's rounding, which never happens here."""
-    if x.shape[0] != 1:
-        raise ValueError(f"norm_gemv: one row of x, got {tuple(x.shape)}")
-    return _launch(x, weight, bias, config, scale, None, eps, False)
+    """``(x @ weight.T) * scale + bias`` for a few rows of ``x``, in ``x``'s dtype."""
+    return _launch(x, weight, bias, config, scale, False)
 
 
 def silu_gemv(
-    x: torch.Tensor,  # [M, K]; one row with ``eps``
+    x: torch.Tensor,  # [M, K]
     weight: torch.Tensor,  # [2N, K]: gate rows, then up rows
     bias: torch.Tensor | None = None,  # [2N]
     config: tuple[int, int, int] | None = None,
     scale: torch.Tensor | None = None,  # [2N]
-    eps: float | None = None,  # the norm of ``norm_gemv`` first
 ) -> torch.Tensor:
     """``silu_and_mul(gemv(x, weight, ...))`` -- ``[M, N]`` -- in one kernel: each program
     owns matching gate and up rows and applies the activation to its sums (rounded to x's
     dtype first, as the separate activation kernel sees them). No extra memory traffic."""
     if weight.shape[0] % 2:
         raise ValueError(f"silu_gemv: gate and up rows, got {weight.shape[0]} rows")
-    if eps is not None and x.shape[0] != 1:
-        raise ValueError(f"silu_gemv: the norm needs one row of x, got {tuple(x.shape)}")
-    return _launch(x, weight, bias, config, scale, None, eps, True)
+    return _launch(x, weight, bias, config, scale, True)
 
 
-def _launch(x, weight, bias, config, scale, residual, eps, silu):
+def _launch(x, weight, bias, config, scale, silu):
     m, k = x.shape
     n, k_w = weight.shape
     if m > MAX_M or k != k_w:
@@ -209,11 +167,6 @@ def _launch(x, weight, bias, config, scale, residual, eps, silu):
         x = x.contiguous()
     assert weight.stride(-1) == 1
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if residual is not None:
-        if residual.shape != out.shape:
-            raise ValueError(f"gemv: residual {tuple(residual.shape)}, output {(m, n)}")
-        if residual.dtype != x.dtype or residual.stride(-1) != 1:
-            residual = residual.to(x.dtype).contiguous()
     if m == 0:
         return out
     if config is None:
@@ -223,7 +176,7 @@ def _launch(x, weight, bias, config, scale, residual, eps, silu):
     assert block_n >= 2 or not silu
     block_k = min(block_k, triton.next_power_of_2(k))
     grid = (triton.cdiv(n, block_n // 2 if silu else block_n),)
-    mode = pdl.mode(x, grid[0])
+    mode = pdl.mode(x, grid[0], early=True)  # released before its wait: measured faster
     if scale is not None:
         assert scale.dtype == torch.float32 and scale.is_contiguous()
         assert scale.numel() == weight.shape[0]
@@ -232,20 +185,15 @@ def _launch(x, weight, bias, config, scale, residual, eps, silu):
         weight,
         scale if scale is not None else weight,
         bias if bias is not None else weight,
-        residual if residual is not None else out,
         out,
-        eps if eps is not None else 0.0,
         m,
         n,
         x.stride(0),
         weight.stride(0),
-        residual.stride(0) if residual is not None else 0,
         out.stride(0),
         K=k,
         HAS_SCALE=scale is not None,
         HAS_BIAS=bias is not None,
-        NORM=eps is not None,
-        ADD_RES=residual is not None,
         SILU=silu,
         BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=block_n,

@@ -11,9 +11,8 @@ programs of the next kernel would hold multiprocessors its later programs need):
     mode OFF    plain launch, no wait compiled in (CPU, interpreter, pre-Hopper, FULCRUM_PDL=0)
     mode WAIT   launch with PDL; wait first
     mode EARLY  launch with PDL; wait first, then let dependents launch
-    mode PRE    launch with PDL; let dependents launch, then wait (PRE_RELEASE, small grids)
-    mode LATE   launch with PDL; wait first; let dependents launch where the kernel calls
-                ``release`` -- after its main loop (LATE_RELEASE, larger grids)
+    mode PRE    launch with PDL; let dependents launch, then wait (PRE_RELEASE: small grids,
+                and the batch-1 GEMV whatever its size, ``mode(..., early=True)``)
 
 Where a kernel releases its dependents never changes what they see: ``griddepcontrol.wait``
 waits for the whole grid before it to finish, whenever that grid let it launch. It changes only
@@ -38,16 +37,15 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-OFF, WAIT, EARLY, PRE, LATE = 0, 1, 2, 3, 4
+OFF, WAIT, EARLY, PRE = 0, 1, 2, 3
 # Read at each launch: a CUDA graph keeps the launches it captured.
 ENABLED = os.environ.get("FULCRUM_PDL", "1") != "0"
 # Grids of up to this many SM counts release the next kernel early (benchmarks may raise it).
 EARLY_MAX_WAVES = 1
-# Small grids release before their wait (PRE) instead of after it; larger grids release after
-# their main loop (LATE) instead of at exit. Measured on an H200 (BENCHMARKS.md, eighth session):
-# batch-1 step 4.167 -> 4.153 ms, ITL 4.235 -> 4.194 ms; FULCRUM_PDL_PRE=0 / _LATE=0 turn it off.
+# Grids released early let the next kernel launch before their wait (PRE) rather than after
+# it. Measured on an H200 (BENCHMARKS.md, eighth session): batch-1 step 4.156 -> 4.120 ms with
+# the GEMV's grids released early too; FULCRUM_PDL_PRE=0 turns it off.
 PRE_RELEASE = os.environ.get("FULCRUM_PDL_PRE", "1") == "1"
-LATE_RELEASE = os.environ.get("FULCRUM_PDL_LATE", "1") == "1"
 
 
 @functools.cache
@@ -56,17 +54,19 @@ def _device(index: int) -> tuple[bool, int]:
     return props.major >= 9, props.multi_processor_count
 
 
-def mode(t: torch.Tensor, programs: int) -> int:
-    """The PDL mode of a launch of ``programs`` programs on ``t``'s device."""
+def mode(t: torch.Tensor, programs: int, early: bool = False) -> int:
+    """The PDL mode of a launch of ``programs`` programs on ``t``'s device; ``early``: release
+    the next kernel early whatever the grid's size (the batch-1 GEMV: every program of a grid
+    has started once it releases, and a GEMV's tail is where the next kernel's launch hides)."""
     if not (ENABLED and t.is_cuda):
         return OFF
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     hopper, sms = _device(index)
     if not hopper:
         return OFF
-    if programs <= sms * EARLY_MAX_WAVES:
+    if early or programs <= sms * EARLY_MAX_WAVES:
         return PRE if PRE_RELEASE else EARLY
-    return LATE if LATE_RELEASE else WAIT
+    return WAIT
 
 
 def launch_options(m: int) -> dict[str, bool]:
@@ -84,9 +84,3 @@ def wait(MODE: tl.constexpr):
     if MODE == 2:
         gdc_launch_dependents()
 
-
-@triton.jit
-def release(MODE: tl.constexpr):
-    """In mode LATE, let the next kernel launch (a kernel calls it once its main loop is done)."""
-    if MODE == 4:
-        gdc_launch_dependents()

@@ -14,13 +14,7 @@ from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
 from fulcrum.model.layers.activation import silu_and_mul
-from fulcrum.model.layers.linear import (
-    Linear,
-    fold_norm,
-    fused_norms,
-    norm_linear,
-    residual_linear,
-)
+from fulcrum.model.layers.linear import Linear, norm_linear
 from fulcrum.model.layers.norm import RMSNorm
 from fulcrum.model.layers.rotary import RotaryEmbedding
 from fulcrum.quant.base import QuantMethod
@@ -124,8 +118,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
-    # ``(x, residual)`` between layers: the hidden state is ``x + residual``; ``residual`` None
-    # when ``x`` already holds it (the embedding; a layer whose last GEMV added it).
+    # ``(x, residual)`` between layers: the hidden state is ``x + residual`` (``residual`` None
+    # for the embedding).
     def forward(self, x, residual, positions, kv_cache, meta):
         qkv, residual = norm_linear(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
         o = self.self_attn(qkv, positions, kv_cache, meta)
@@ -139,13 +133,14 @@ class DecoderLayer(nn.Module):
 
     def after_attention(self, o, residual):
         """``(output, residual)`` from the attention rows ``o`` (``o_proj``'s input)."""
-        attn, mlp, norm = self.self_attn, self.mlp, self.post_attention_layernorm
-        if fused_norms(o, norm):  # one row: each residual add in the GEMV before the norm
-            h = residual_linear(attn.o_proj, o, residual)
-            act, h = norm_linear(norm, mlp.gate_up_proj, h, None, silu=True)
-            return residual_linear(mlp.down_proj, act, h), None
-        act, residual = norm_linear(norm, mlp.gate_up_proj, attn.o_proj(o), residual, silu=True)
-        return mlp.down_proj(act), residual
+        act, residual = norm_linear(
+            self.post_attention_layernorm,
+            self.mlp.gate_up_proj,
+            self.self_attn.o_proj(o),
+            residual,
+            silu=True,
+        )
+        return self.mlp.down_proj(act), residual
 
 
 class LlamaModel(nn.Module):
@@ -164,7 +159,8 @@ class LlamaModel(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, positions, kv_cache, meta)
-        return self.norm(x) if residual is None else self.norm(x, residual)[0]
+        x, _ = self.norm(x, residual)
+        return x
 
     # The forward as segments between attention calls (worker/piecewise_graph.py):
     #   segment 0        embed -> layer 0 before attention                   -> q, k, v, residual
@@ -182,7 +178,8 @@ class LlamaModel(nn.Module):
         x, residual = prev.after_attention(o.reshape(-1, prev.self_attn.q_size), residual)
         if i < len(self.layers):
             return self.layers[i].before_attention(x, residual, positions, kv_cache, slots)
-        return self.norm(x) if residual is None else self.norm(x, residual)[0]
+        x, _ = self.norm(x, residual)
+        return x
 
 
 class LlamaForCausalLM(nn.Module):
@@ -209,24 +206,6 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
-
-    def fold_norms(self) -> None:
-        """With ``gemv.FUSE_NORM`` on CUDA and unquantized 2-byte projections, fold each layer's
-        norms into the projections after them (``fold_norm``): a one-row step then runs each
-        norm inside the GEMVs around it. Called once the weights are loaded."""
-        from fulcrum.kernels import gemv
-
-        first = self.model.layers[0].self_attn.qkv_proj
-        if not (gemv.FUSE_NORM and first.weight.is_cuda and first.weight.element_size() == 2):
-            return
-        for layer in self.model.layers:  # not for quantized or sharded layers
-            attn, mlp = layer.self_attn, layer.mlp
-            projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-            if any(type(p) is not Linear for p in projections):
-                return
-        for layer in self.model.layers:
-            fold_norm(layer.input_layernorm, layer.self_attn.qkv_proj)
-            fold_norm(layer.post_attention_layernorm, layer.mlp.gate_up_proj)
 
     # -- weights ------------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
-        self.folded = False  # weight folded into the projection after it (layers/linear.py)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None

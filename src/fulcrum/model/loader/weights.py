@@ -99,9 +99,6 @@ def load_model(
                 f"{expected} parameter shards; it is incomplete or for another model."
             )
     model.eval()
-    fold = getattr(model, "fold_norms", None)
-    if fold is not None:  # norms into the projections after them (one-row fusion on CUDA)
-        fold()
     dt = time.perf_counter() - t0
     q = f", {mc.quantization} weights" if quant is not None else ""
     logger.info("Loaded %s (%s%s) in %.2f s", mc.model, mc.load_format, q, dt)
