@@ -4,9 +4,10 @@ Between two kernels on a stream the GPU normally drains the first, then launches
 kernel launched with PDL may be launched while the one before it is still running; it waits for it
 (``griddepcontrol.wait``: returns once that grid has finished and its writes are visible) before
 touching memory. A batch-1 decode step runs ~450 kernels, so the launch gaps add up. A kernel
-whose whole grid is resident at once also signals ``griddepcontrol.launch_dependents`` right after
-its wait, letting the next PDL kernel launch during its run; a larger grid does not (waiting
-programs of the next kernel would hold multiprocessors its later programs need)::
+whose whole grid is resident at once also signals ``griddepcontrol.launch_dependents`` before
+its wait (or right after it), letting the next PDL kernel launch during its run; a larger grid
+does not (waiting programs of the next kernel would hold multiprocessors its later programs
+need), except the batch-1 GEMV, measured faster releasing early::
 
     mode OFF    plain launch, no wait compiled in (CPU, interpreter, pre-Hopper, FULCRUM_PDL=0)
     mode WAIT   launch with PDL; wait first
@@ -83,4 +84,3 @@ def wait(MODE: tl.constexpr):
         gdc_wait()
     if MODE == 2:
         gdc_launch_dependents()
-
