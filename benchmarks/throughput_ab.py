@@ -7,8 +7,8 @@
     nopdl     the engine without programmatic dependent launch of its Triton kernels
     nopw      the engine without piecewise CUDA graphs for prefill/mixed steps (eager)
     nogemv    the engine with batch 1's linear layers on cuBLAS (not the Triton GEMV)
-    early     every Triton grid releases the next kernel right after its wait (PDL), not only
-              grids of at most one program per SM
+    early     every Triton grid releases the next kernel early (PDL: before its wait, or after
+              it with nopre's setting), not only small grids and the batch-1 GEMV
     splits<N>  decode attention split at most N ways (32 by default)
     minsplit<N>  decode attention splits of at least N tokens (MIN_SPLIT_TOKENS)
     nosilu    SiLU-and-mul as its own kernel at batch 1 (gemv.FUSE_SILU off)
