@@ -40,7 +40,6 @@ KNOBS = {
     "fuse_silu": ("fulcrum.kernels.gemv", "FUSE_SILU"),
     "max_splits": ("fulcrum.kernels.decode_attention", "MAX_SPLITS"),
     "min_split": ("fulcrum.kernels.decode_attention", "MIN_SPLIT_TOKENS"),
-    "small_bn": ("fulcrum.kernels.decode_attention", "SMALL_BATCH_BLOCK_N"),
 }
 _CUBLAS = {"gemv_max_m": 0}  # the linear layers on cuBLAS at every batch size
 _GEMV = {"gemv_max_m": 1}  # batch 1's linear layers on the Triton GEMV
@@ -66,9 +65,6 @@ SETTINGS: dict[str, dict] = {  # name: knob values ("blas": torch's preferred BL
     # SiLU-and-mul in the gate_up GEMV's epilogue (on by default) or as its own kernel
     "gemv+pdl silufuse": {**_GEMV, "pdl": True, "fuse_silu": True},
     "gemv+pdl nosilufuse": {**_GEMV, "pdl": True, "fuse_silu": False},
-    # decode attention tiles of 32 / 16 tokens at batch <= 4 (more working splits)
-    "gemv+pdl attn-bn32": {**_GEMV, "pdl": True, "small_bn": 32},
-    "gemv+pdl attn-bn16": {**_GEMV, "pdl": True, "small_bn": 16},
     # small grids (and the GEMV) release the next kernel before their wait, or after it
     "gemv+pdl pre": {**_GEMV, "pdl": True, "pre_release": True},
     "gemv+pdl after-wait": {**_GEMV, "pdl": True, "pre_release": False},

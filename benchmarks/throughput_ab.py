@@ -14,7 +14,6 @@
     nosilu    SiLU-and-mul as its own kernel at batch 1 (gemv.FUSE_SILU off)
     nopre     small Triton grids and the GEMV release the next kernel after their wait, not
               before it (pdl.PRE_RELEASE off)
-    attn-bn<N>  decode attention tiles of N tokens at batch <= 4 (SMALL_BATCH_BLOCK_N)
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
               (block_n,num_warps,num_stages[,maxnreg])
@@ -83,10 +82,6 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         from fulcrum.kernels import gemv
 
         gemv.FUSE_SILU = False
-    if name.startswith("attn-bn"):
-        import fulcrum.kernels.decode_attention as da
-
-        da.SMALL_BATCH_BLOCK_N = int(name.removeprefix("attn-bn"))
     if name == "nopdl":
         from fulcrum.kernels import pdl
 

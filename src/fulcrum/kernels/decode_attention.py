@@ -48,13 +48,6 @@ MAX_SPLITS = 32
 # fewer, longer programs while a long one still spreads over every split: the split count stays
 # a function of the batch shape (graph-safe) and the context decides how many of them work.
 MIN_SPLIT_TOKENS = 0
-# A tile of this many tokens for batches of up to SMALL_BATCH_MAX_REQS requests (None: the
-# config's): a single stream's short context then spreads over more working splits (a split
-# works on whole tiles). Depends on the batch size only: graph-safe. Measured on an H200
-# (BENCHMARKS.md, eighth session): 32 and 16 no faster at a 1,000-token context, 32 slower at
-# 4,000; it stays None.
-SMALL_BATCH_BLOCK_N: int | None = None
-SMALL_BATCH_MAX_REQS = 4
 # How an FP8 cache's tiles meet the tensor cores on CUDA:
 #   "widen"  K/V widened to the query's dtype (bf16: e4m3 -> bf16 has no single instruction)
 #   "fp16"   K/V widened to fp16 (one instruction per pair; exact: every e4m3 value is an fp16
@@ -336,10 +329,7 @@ def decode_attention(
     cfg = INTERPRET_CONFIG
     if q.is_cuda:
         cfg = FP8_GPU_CONFIG if is_fp8(kv_cache.dtype) else GPU_CONFIG
-    block_n = cfg["block_n"]
-    if SMALL_BATCH_BLOCK_N and num_reqs <= SMALL_BATCH_MAX_REQS and q.is_cuda:
-        block_n = SMALL_BATCH_BLOCK_N
-    block_n = tile_tokens(block_n, kv_cache)
+    block_n = tile_tokens(cfg["block_n"], kv_cache)
     if min_split_tokens is None:
         min_split_tokens = MIN_SPLIT_TOKENS if q.is_cuda else 0
     min_split = -(-min_split_tokens // block_n) * block_n

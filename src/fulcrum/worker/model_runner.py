@@ -134,7 +134,8 @@ class ModelRunner:
         mc = self.config.model_config
         shape = (2, 1, self.block_size, mc.num_kv_heads, mc.head_dim)
         scratch = [
-            torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(mc.num_layers)
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            for _ in range(mc.num_layers)
         ]
         q_len = min(self.block_size, num_tokens)
         lens = [q_len] + [1] * (num_tokens - q_len)
@@ -168,7 +169,8 @@ class ModelRunner:
         # Zeroed, not empty: the FP8 kernels read V a whole page at a time and weight the tokens
         # past a sequence's end by 0, which needs them finite.
         self.kv_caches = [
-            torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(mc.num_layers)
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            for _ in range(mc.num_layers)
         ]
         self.num_blocks = num_blocks
         if self.device.type == "cuda" and not self.config.enforce_eager:
@@ -301,7 +303,12 @@ class ModelRunner:
         return sampled, self._logprobs(h.reqs, lps, ids, ranks)
 
     def _decode_step(
-        self, ids: np.ndarray, pos: np.ndarray, dst: list[int], src: list[int], states: list[ReqState]
+        self,
+        ids: np.ndarray,
+        pos: np.ndarray,
+        dst: list[int],
+        src: list[int],
+        states: list[ReqState],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits of a pure-decode batch, and their greedy ids when a CUDA graph computed them."""
         bs, n = self.block_size, len(ids)
@@ -404,7 +411,9 @@ class ModelRunner:
         host, event = self._to_host(sampled, *extra)
         return StepHandle(host[0], event, host[1:] or None, reqs if extra else None)
 
-    def _to_host(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+    def _to_host(
+        self, *tensors: torch.Tensor
+    ) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
         """Start copying device tensors to (pinned) host memory; the event marks them done."""
         if self.device.type != "cuda":  # copies too: graph outputs are overwritten by the next step
             return [t.clone() for t in tensors], None
