@@ -14,7 +14,9 @@ import triton.language as tl
 BLOCK = 128
 
 
-@triton.jit
+# One compiled variant whatever the step: the row count, the stride and the buffers' alignment
+# (slices of a staging buffer) vary between steps and would otherwise each compile their own.
+@triton.jit(do_not_specialize=["out_ptr", "src_ptr", "idx_ptr", "n", "stride_idx"])
 def _gather_scatter_kernel(out_ptr, src_ptr, idx_ptr, n, stride_idx, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
