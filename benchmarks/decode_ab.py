@@ -38,6 +38,8 @@ KNOBS = {
     "pre_release": ("fulcrum.kernels.pdl", "PRE_RELEASE"),
     "gemv_max_m": ("fulcrum.kernels.gemv", "USE_MAX_M"),
     "fuse_silu": ("fulcrum.kernels.gemv", "FUSE_SILU"),
+    "fuse_rope": ("fulcrum.kernels.gemv", "FUSE_ROPE"),
+    "pre_wait": ("fulcrum.kernels.decode_attention", "PRE_WAIT_MAX_REQS"),
     "max_splits": ("fulcrum.kernels.decode_attention", "MAX_SPLITS"),
     "min_split": ("fulcrum.kernels.decode_attention", "MIN_SPLIT_TOKENS"),
 }
@@ -65,6 +67,9 @@ SETTINGS: dict[str, dict] = {  # name: knob values ("blas": torch's preferred BL
     # SiLU-and-mul in the gate_up GEMV's epilogue (on by default) or as its own kernel
     "gemv+pdl silufuse": {**_GEMV, "pdl": True, "fuse_silu": True},
     "gemv+pdl nosilufuse": {**_GEMV, "pdl": True, "fuse_silu": False},
+    "gemv+pdl noropefuse": {**_GEMV, "pdl": True, "fuse_rope": False},
+    "gemv+pdl noprewait": {**_GEMV, "pdl": True, "pre_wait": 0},
+    "gemv+pdl noropefuse noprewait": {**_GEMV, "pdl": True, "fuse_rope": False, "pre_wait": 0},
     # small grids (and the GEMV) release the next kernel before their wait, or after it
     "gemv+pdl pre": {**_GEMV, "pdl": True, "pre_release": True},
     "gemv+pdl after-wait": {**_GEMV, "pdl": True, "pre_release": False},

@@ -126,6 +126,66 @@ def _kernels(core, steps: int, eager: bool = True, top: int = 25) -> dict:
     }
 
 
+def _critical_path(runner, batch: int, steps: int = 5, show: int = 24) -> dict:
+    """Which kernels of a decode-graph replay the step waits for. Kernels launched early
+    (programmatic dependent launch) overlap their predecessors, so a kernel's duration says
+    little; its *marginal* time -- its end minus the latest end before it -- is what it adds
+    to the step. Summed per kernel name, and listed for the step's first ``show`` kernels
+    (the embedding and the first layers), averaged over ``steps`` replays."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs = runner.graphs
+    if graphs is None or not torch.cuda.is_available():
+        return {}
+    graph = graphs.graphs[graphs.bucket(batch)]
+    graph.replay()
+    _sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            graph.replay()
+            _sync()
+            time.sleep(0.002)  # a gap that marks where a replay ends
+    evs = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start
+    )
+    # split into replays at the idle gaps between them
+    runs, cur, last_end = [], [], None
+    for s, e, name in evs:
+        if last_end is not None and s - last_end > 1000:
+            runs.append(cur)
+            cur = []
+        cur.append((s, e, name))
+        last_end = e if last_end is None else max(last_end, e)
+    runs.append(cur)
+    runs = [r for r in runs if len(r) == len(runs[-1])]  # whole replays only
+    per_name: dict[str, float] = {}
+    seq = [[0.0, 0.0, name[:60]] for _, _, name in runs[0][:show]] if runs else []
+    for run in runs:
+        latest, marginal = min(t[0] for t in run), {}
+        for t in sorted(run, key=lambda t: t[1]):  # by end
+            marginal[id(t)] = max(0.0, t[1] - latest)
+            latest = max(latest, t[1])
+            per_name[t[2][:60]] = per_name.get(t[2][:60], 0.0) + marginal[id(t)] / len(runs)
+        for i, t in enumerate(sorted(run)[:show]):
+            seq[i][0] += (t[1] - t[0]) / len(runs)
+            seq[i][1] += marginal[id(t)] / len(runs)
+    total = sum(per_name.values())
+    return {
+        "replays": len(runs),
+        "kernels_per_replay": len(runs[0]) if runs else 0,
+        "span_us": round(total, 1),
+        "marginal_us_by_kernel": {
+            k: round(v, 1) for k, v in sorted(per_name.items(), key=lambda kv: -kv[1])
+        },
+        "first_kernels (duration_us, marginal_us, name)": [
+            [round(d, 2), round(m, 2), n] for d, m, n in seq
+        ],
+    }
+
+
 def _timeline(core, steps: int) -> dict:
     """Graphs and asynchronous scheduling as configured: how much of the wall time the device
     is busy, and the longest idle gaps between its operations (host work not hidden)."""
@@ -197,6 +257,7 @@ def main() -> None:
     _step_until(core, lambda: _all_decoding(core, 2))
     res["decode_b1"] = {
         "graph_replay_ms": _replay_ms(core.runner, 1),
+        "critical_path": _critical_path(core.runner, 1),
         **_wall_ms(core, 30),
         "floor_ms": 1e3 * g.decode_floor_s(1, 1000),
         "timeline": _timeline(core, 20),

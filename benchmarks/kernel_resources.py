@@ -110,7 +110,7 @@ def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
         mode = decode_mod.FP8_MODES[decode_mod.FP8_MODE] if fp8 else 0
         const = dict(
             common, SPLIT=False, BLOCK_G=16, PRECISION="tf32", COMPUTE=tl.bfloat16,
-            FP8_MODE=mode, HAS_ORDER=True, V_TOKEN_MAJOR=fp8,
+            FP8_MODE=mode, HAS_ORDER=True, V_TOKEN_MAJOR=fp8, PRE_WAIT=False,
         )  # fmt: skip
     else:
         fn = prefill_mod._prefill_kernel
@@ -142,21 +142,27 @@ def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
 ISSUE_PER_BYTE = 132 * 4 * 1.98e9 / 4.28e12  # warp instructions Hopper issues per HBM byte
 
 
-def report_gemv(weight: str, cfg: tuple[int, ...], arch: int, silu: bool = False) -> str:
+def report_gemv(
+    weight: str, cfg: tuple[int, ...], arch: int, silu: bool = False, rope: bool = False
+) -> str:
     block_n, block_k, warps = cfg
     w_ty, elem = {"bf16": ("bf16", 2), "fp8": ("fp8e4nv", 1), "fp32": ("fp32", 4)}[weight]
     act = "fp32" if weight == "fp32" else "bf16"
     pointers = dict(x_ptr=f"*{act}", w_ptr=f"*{w_ty}", s_ptr="*fp32", b_ptr=f"*{act}")
     pointers |= dict(out_ptr=f"*{act}")
     const = dict(K=4096, HAS_SCALE=weight == "fp8", HAS_BIAS=False, BLOCK_M=1, PDL=0)
-    const |= dict(SILU=silu, BLOCK_N=block_n, BLOCK_K=block_k)
+    const |= dict(SILU=silu, ROPE=rope, BLOCK_N=block_n, BLOCK_K=block_k, **gemv_mod._NO_ROPE)
+    if rope:  # the 8B's qkv with a bf16 cache
+        pointers |= dict(pos_ptr="*i64", cs_ptr="*fp32", slot_ptr="*i64")
+        pointers |= dict(kc_ptr=f"*{act}", vc_ptr=f"*{act}")
+        const |= dict(HEAD_DIM=128, NUM_Q_HEADS=32, NUM_KV_HEADS=8, PAGE=16)
     k = _compile(gemv_mod._gemv_kernel, pointers, const, arch, warps, 1, None)
     regs, spill, sass = _ptxas(k.asm["ptx"], arch)
     loop = main_loop(sass)
     per_sm = REGS_PER_SM // (regs * 32 * warps)
     per_byte = sum(loop.values()) * warps / (block_n * block_k * elem)
     return (
-        f"gemv    w={weight:<4s} silu={int(silu)} bn={block_n:<3d} "
+        f"gemv    w={weight:<4s} silu={int(silu)} rope={int(rope)} bn={block_n:<3d} "
         f"bk={block_k:<5d} w={warps}  regs {regs:3d}  "
         f"spill {spill:4d} B  programs/SM {per_sm}  warps/SM {per_sm * warps:2d}\n"
         f"        K loop: {sum(loop.values())} instructions per thread per tile, "
@@ -172,6 +178,9 @@ def main() -> None:
     p.add_argument(
         "--silu", action="store_true", help="GEMV: SiLU-and-mul in its epilogue (silu_gemv)"
     )
+    p.add_argument(
+        "--rope", action="store_true", help="GEMV: rotary + K/V write in its epilogue (rope_gemv)"
+    )
     p.add_argument("--kv", choices=["bf16", "fp8"], default="bf16", help="KV-cache dtype")
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (Hopper)")
     p.add_argument(
@@ -185,7 +194,7 @@ def main() -> None:
     for c in args.configs:
         cfg = tuple(int(x) for x in c.split(","))
         if args.kernel == "gemv":
-            print(report_gemv(args.weight, cfg, args.arch, args.silu))
+            print(report_gemv(args.weight, cfg, args.arch, args.silu, args.rope))
         else:
             print(report(args.kernel, args.kv, cfg, args.arch))
 

@@ -12,6 +12,10 @@
     splits<N>  decode attention split at most N ways (32 by default)
     minsplit<N>  decode attention splits of at least N tokens (MIN_SPLIT_TOKENS)
     nosilu    SiLU-and-mul as its own kernel at batch 1 (gemv.FUSE_SILU off)
+    norope    rotary + the K/V write as their own kernel at batch 1 (gemv.FUSE_ROPE off)
+    noprewait  decode attention at batch <= 4 reads its inputs after its PDL wait
+              (decode_attention.PRE_WAIT_MAX_REQS = 0)
+    tile2048  qkv and o_proj's GEMV on the general bf16 tile (4, 2048, 4), not one K tile
     nopre     small Triton grids and the GEMV release the next kernel after their wait, not
               before it (pdl.PRE_RELEASE off)
     fp8       the engine with an FP8 KV cache
@@ -82,6 +86,18 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         from fulcrum.kernels import gemv
 
         gemv.FUSE_SILU = False
+    if name == "norope":
+        from fulcrum.kernels import gemv
+
+        gemv.FUSE_ROPE = False
+    if name == "noprewait":
+        import fulcrum.kernels.decode_attention as da
+
+        da.PRE_WAIT_MAX_REQS = 0
+    if name == "tile2048":
+        from fulcrum.kernels import gemv
+
+        gemv.GPU_CONFIG["bf16_small"] = gemv.GPU_CONFIG["bf16"]
     if name == "nopdl":
         from fulcrum.kernels import pdl
 

@@ -210,18 +210,19 @@ def test_logprobs_close_to_transformers_tiny(tiny_llama: str) -> None:
     _check_against_hf(tiny_llama, _prompts(6, 320, seed=2), 24)
 
 
-@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("fuse", [False, True])
 def test_batch1_gemv_close_to_transformers_tiny(
-    tiny_llama: str, silu: bool, monkeypatch: pytest.MonkeyPatch
+    tiny_llama: str, fuse: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One request at a time, so every decode step is a one-row step on the Triton GEMV, with
-    and without the activation in gate_up's GEMV (``FULCRUM_GEMV_SILU``): bf16 against
-    transformers."""
+    and without the activation in gate_up's GEMV and rotary + the K/V write in qkv's
+    (``FULCRUM_GEMV_SILU``, ``FULCRUM_GEMV_ROPE``): bf16 against transformers."""
     from fulcrum.kernels import gemv
 
     prompts, max_new = _prompts(3, 320, seed=4), 24
     ref, ref_top = _hf_greedy_top(tiny_llama, prompts, max_new)
-    monkeypatch.setattr(gemv, "FUSE_SILU", silu)
+    monkeypatch.setattr(gemv, "FUSE_SILU", fuse)
+    monkeypatch.setattr(gemv, "FUSE_ROPE", fuse)
     llm = LLM(tiny_llama, device="cuda", dtype="bfloat16", num_kv_blocks=2048, max_num_seqs=16)
     for i, p in enumerate(prompts):
         got, got_top = _generate(llm, [p], [max_new], TOP)

@@ -362,3 +362,44 @@ def test_silu_gemv_llama8b(fp8: bool) -> None:
     graph.replay()
     want = silu_and_mul(gemv(x, w, scale=scale))
     torch.testing.assert_close(act, want, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_rope_gemv_llama8b(cache_dtype: torch.dtype) -> None:
+    """qkv with rotary and the K/V write in its epilogue at the 8B shape (Llama-3 scaled
+    rotary table), in a CUDA graph after the kernel that writes its input (PDL): the same qkv
+    and cache bytes as the GEMV then ``apply_rotary(..., kv_write=...)``."""
+    from types import SimpleNamespace
+
+    from fulcrum.kernels.gemv import gemv, rope_gemv
+    from fulcrum.kernels.rotary import apply_rotary
+    from fulcrum.model.layers.rotary import RotaryEmbedding
+
+    _gen(17)
+    k, hq, hkv, d = 4096, 32, 8, 128
+    w = torch.randn((hq + 2 * hkv) * d, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=8192)  # fmt: skip
+    with torch.device("cuda"):
+        rope = RotaryEmbedding(SimpleNamespace(rope_theta=500000.0, rope_scaling=scaling), d, 4096)
+    cache = (torch.randn(2, 64, 16, hkv, d, device="cuda") * 0.5).to(cache_dtype)
+    pos = torch.tensor([1234], device="cuda")
+    slots = torch.tensor([37 * 16 + 5], device="cuda")
+    prev = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    eye = torch.eye(k, device="cuda", dtype=torch.bfloat16)
+    got_cache, before = cache.clone(), cache.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x = gemv(prev, eye)
+        qkv = rope_gemv(x, w, pos, rope.cos_sin_cache, got_cache, slots, hq, hkv)
+    prev.copy_(torch.randn_like(prev))
+    graph.replay()
+    want = gemv(x, w)
+    q, kk, v = want.view(1, hq + 2 * hkv, d).split([hq, hkv, hkv], dim=1)
+    own_cache = cache.clone()
+    apply_rotary(q, kk, pos, rope.cos_sin_cache, kv_write=(v, cache, slots))
+    torch.testing.assert_close(qkv, want, atol=1e-2, rtol=1e-2)
+    _, kk, v = qkv.view(1, hq + 2 * hkv, d).split([hq, hkv, hkv], dim=1)
+    reshape_and_cache(kk, v, own_cache, slots)  # the cache holds exactly its own k and v
+    assert torch.equal(got_cache.view(torch.uint8), own_cache.view(torch.uint8))
+    assert not torch.equal(got_cache.view(torch.uint8), before.view(torch.uint8))  # it wrote

@@ -122,3 +122,34 @@ def test_decode_min_split_tokens(min_split: int) -> None:
     out = decode_attention(*args, num_splits=4, min_split_tokens=min_split)
     ref = decode_attention_ref(*args)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("num_splits", [2, 4])
+def test_decode_reads_before_the_wait_give_the_same_rows(
+    num_splits: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small batches read their request rows, lengths and first blocks before the PDL wait
+    (``PRE_WAIT_MAX_REQS``): the same rows as the loop that reads them after it, with splits
+    of several tiles, a split past a short context and a prefill row to skip."""
+    import fulcrum.kernels.decode_attention as mod
+
+    g = torch.Generator().manual_seed(20 + num_splits)
+    seq_lens, query_lens = [90, 7, 41], [1, 3, 1]
+    cache, meta = make_paged_batch(seq_lens, query_lens, 2, 64, 4, generator=g)
+    q = torch.randn(meta.num_tokens, 4, 64, generator=g)
+    outs = []
+    for most in (4, 0):
+        monkeypatch.setattr(mod, "PRE_WAIT_MAX_REQS", most)
+        out = torch.full_like(q, 7.0)
+        decode_attention(
+            q, cache, meta.block_tables, meta.seq_lens, 0.1,
+            query_start_loc=meta.query_start_loc, out=out, num_splits=num_splits,
+        )  # fmt: skip
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    rows = meta.query_start_loc[[0, 2]].long()
+    ref = decode_attention_ref(
+        q[rows], cache, meta.block_tables[[0, 2]], meta.seq_lens[[0, 2]], 0.1
+    )
+    torch.testing.assert_close(outs[0][rows], ref, atol=2e-5, rtol=1e-4)
+    assert (outs[0][1:4] == 7.0).all()

@@ -110,6 +110,49 @@ def test_silu_in_the_layer_matches_the_unfused_layer(monkeypatch: pytest.MonkeyP
     assert calls == [1]  # the fused kernel ran once, with the switch on
 
 
+@torch.inference_mode()
+def test_rope_in_the_layer_matches_the_unfused_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoder layer's half before attention with rotary and the K/V write in qkv's one-row
+    GEMV (``gemv.FUSE_ROPE``) against the same layer with rotary and the cache write done by
+    the attention backend after the projection."""
+    from types import SimpleNamespace
+
+    import fulcrum.model.layers.linear as linear_mod
+    from fulcrum.attention.torch_ref import TorchAttentionBackend
+    from fulcrum.kernels import gemv as gemv_mod
+    from fulcrum.model.layers.rotary import RotaryEmbedding
+    from fulcrum.model.llama import DecoderLayer, ModelArgs
+
+    a = ModelArgs(
+        vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=1, num_heads=4,
+        num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, qkv_bias=True,
+        tie_word_embeddings=False, max_position=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(SimpleNamespace(rope_theta=10000.0), 16, 64)
+    layer = DecoderLayer(a, rope, TorchAttentionBackend(4, 2, 16, 0.25))
+    for p in layer.parameters():
+        p.data = torch.randn_like(p) * 0.1
+    x, residual = torch.randn(1, 64), torch.randn(1, 64)
+    pos, slots = torch.tensor([37]), torch.tensor([13])
+    cache = torch.zeros(2, 8, 4, 2, 16)
+    want = layer.before_attention(x, residual, pos, cache, slots)  # off CUDA: torch throughout
+    assert cache[:, 3, 1].abs().sum() > 0  # slot 13 = block 3, offset 1
+    monkeypatch.setattr(gemv_mod, "GPU_CONFIG", {k: (4, 32, 1) for k in gemv_mod.GPU_CONFIG})
+    monkeypatch.setattr(linear_mod, "use_triton", lambda t: True)  # the interpreter's GEMV
+    calls = []
+    real = gemv_mod.rope_gemv
+    monkeypatch.setattr(gemv_mod, "rope_gemv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for fuse in (True, False):
+        monkeypatch.setattr(gemv_mod, "FUSE_ROPE", fuse)
+        got_cache = torch.zeros_like(cache)
+        got = layer.before_attention(x, residual, pos, got_cache, slots)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got_cache, cache, atol=1e-5, rtol=1e-5)
+    assert calls == [1]  # the fused kernel ran once, with the switch on
+
+
 @pytest.mark.parametrize(
     ("m", "fp8", "config"),
     [
@@ -152,3 +195,48 @@ def test_silu_gemv_bf16_and_bad_shapes() -> None:
     torch.testing.assert_close(out.float(), ref.float(), atol=1e-2, rtol=1 / 64)
     with pytest.raises(ValueError, match="gate and up"):
         silu_gemv(x, w[:-1])
+
+
+@pytest.mark.parametrize(
+    ("m", "dtype", "cache_dtype", "config", "bias"),
+    [
+        (1, torch.float32, torch.float32, (4, 16, 1), False),  # two pairs per program
+        (3, torch.float32, torch.float32, (8, 32, 1), True),  # several rows (one a padding slot)
+        (1, torch.bfloat16, torch.bfloat16, (4, 32, 1), True),  # rounds as the two kernels do
+        (2, torch.bfloat16, torch.float8_e4m3fn, (2, 64, 1), False),  # FP8 cache: V token-major
+    ],
+)
+def test_rope_gemv_matches_gemv_then_rotary_and_cache_write(m, dtype, cache_dtype, config, bias):
+    """The qkv projection with rotary and the K/V write in its epilogue against ``gemv`` then
+    ``apply_rotary(..., kv_write=...)``: same qkv output, same cache bytes."""
+    from paged_batch import make_paged_batch
+
+    from fulcrum.kernels.gemv import rope_gemv
+    from fulcrum.kernels.rotary import apply_rotary
+
+    g = torch.Generator().manual_seed(m + config[0])
+    hq, hkv, d, k = 4, 2, 16, 48
+    cache, meta = make_paged_batch([9, 1, 23], [1, 1, 1], hkv, d, 4, generator=g)
+    cache = (cache * 0.5).to(cache_dtype)
+    slots = meta.slot_mapping[:m].clone()
+    if m == 3:
+        slots[1] = -1  # a padding row: its K/V are not written
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn((hq + 2 * hkv) * d, k, generator=g) * 0.3).to(dtype)
+    b = torch.randn(w.shape[0], generator=g).to(dtype) if bias else None
+    pos = torch.randint(0, 60, (m,), generator=g)
+    inv = 1.0 / 500.0 ** (torch.arange(0, d, 2).float() / d)
+    f = torch.outer(torch.arange(64).float(), inv)
+    cs = torch.cat([f.cos(), f.sin()], -1)
+
+    want_cache = cache.clone()
+    want = gemv(x, w, b, config=config)
+    q, kk, v = want.view(m, hq + 2 * hkv, d).split([hq, hkv, hkv], dim=1)
+    apply_rotary(q, kk, pos, cs, kv_write=(v, want_cache, slots))
+    got_cache = cache.clone()
+    got = rope_gemv(x, w, pos, cs, got_cache, slots, hq, hkv, bias=b, config=config)
+    assert torch.equal(got, want)
+    assert torch.equal(got_cache.view(torch.uint8), want_cache.view(torch.uint8))
+    assert not torch.equal(got_cache.view(torch.uint8), cache.view(torch.uint8))  # it wrote
+    with pytest.raises(ValueError, match="rope_gemv"):
+        rope_gemv(x, w[:-d], pos, cs, got_cache, slots, hq, hkv, config=config)

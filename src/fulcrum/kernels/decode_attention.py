@@ -44,6 +44,11 @@ from fulcrum.kernels.kv_dtype import (
 from fulcrum.kv_cache.dtype import is_fp8, v_rows, v_token_major
 
 MAX_SPLITS = 32
+# Up to this many requests (the latency-bound single-stream steps) a split program reads the
+# step's inputs -- its request's row, length and first blocks -- before waiting for the kernel
+# that writes q: those reads leave the step's critical path. Larger batches keep the loop that
+# was tuned for them. 0 turns it off.
+PRE_WAIT_MAX_REQS = 4
 # A split takes at least this many tokens (rounded up to the tile), so a short context runs on
 # fewer, longer programs while a long one still spreads over every split: the split count stays
 # a function of the batch shape (graph-safe) and the context decides how many of them work.
@@ -113,21 +118,30 @@ def _decode_split_kernel(
     FP8_MODE: tl.constexpr,  # FP8_MODES; 0 for any other cache dtype
     HAS_ORDER: tl.constexpr,
     V_TOKEN_MAJOR: tl.constexpr,  # V blocks [kv_head, d, page] (FP8); BLOCK_N % PAGE_SIZE == 0
+    PRE_WAIT: tl.constexpr,  # read the step's inputs and the first tile's blocks before the wait
     PDL: tl.constexpr,
 ):
-    pdl.wait(PDL)
+    if not PRE_WAIT:
+        pdl.wait(PDL)
     b = tl.program_id(0)
     if HAS_ORDER:
         b = tl.load(order_ptr + b).to(tl.int32)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     q_row = tl.load(qsl_ptr + b)
-    if tl.load(qsl_ptr + b + 1) - q_row != 1:
-        return
+    is_decode = tl.load(qsl_ptr + b + 1) - q_row == 1
     seq_len = tl.load(seq_lens_ptr + b)
     split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N, min_split)
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    if PRE_WAIT:  # the step's inputs come from the host, before any kernel of the step: no
+        # kernel before this one writes them, so their loads need not wait (``kernels/pdl.py``)
+        offs_n0 = start + tl.arange(0, BLOCK_N)
+        blk0 = tl.load(bt_row + offs_n0 // PAGE_SIZE, mask=offs_n0 < end, other=0).to(tl.int64)
+        pdl.wait(PDL)
+    if not is_decode:
+        return
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -146,11 +160,15 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
-        blk = tl.load(bt_row + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        if PRE_WAIT:  # the first tile's blocks were read before the wait
+            first = n0 == start
+            blk = tl.load(bt_row + offs_n // PAGE_SIZE, mask=mask_n & ~first, other=0)
+            blk = tl.where(first, blk0, blk.to(tl.int64))
+        else:
+            blk = tl.load(bt_row + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
         row = blk * stride_cb + (offs_n % PAGE_SIZE) * stride_co + kvh * stride_ch
         kv_off = row[:, None] + offs_d[None, :]
         kv_mask = mask_n[:, None] & mask_d[None, :]
@@ -210,11 +228,12 @@ def _decode_reduce_kernel(
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl.wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
-    q_row = tl.load(qsl_ptr + b)
-    if tl.load(qsl_ptr + b + 1) - q_row != 1:
+    q_row = tl.load(qsl_ptr + b)  # a step input from the host: read before the wait
+    is_decode = tl.load(qsl_ptr + b + 1) - q_row == 1
+    pdl.wait(PDL)
+    if not is_decode:
         return
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
@@ -373,6 +392,7 @@ def decode_attention(
         FP8_MODE=FP8_MODES[FP8_MODE] if is_fp8(kv_cache.dtype) and q.is_cuda else 0,
         HAS_ORDER=order is not None,
         V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
+        PRE_WAIT=num_splits > 1 and num_reqs <= PRE_WAIT_MAX_REQS,
         PDL=m,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],

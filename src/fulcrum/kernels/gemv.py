@@ -42,6 +42,9 @@ USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
 # trip through memory drop out. H200, batch 1 at a 1,000-token context (BENCHMARKS.md, eighth
 # session): step 4.156 -> 4.131 ms, ITL 4.19 -> 4.14 ms. ``FULCRUM_GEMV_SILU=0`` turns it off.
 FUSE_SILU = os.environ.get("FULCRUM_GEMV_SILU", "1") == "1"
+# Rotary and the K/V cache write in the qkv GEMV's epilogue (``rope_gemv``): the rotary
+# kernel's launch drops out of the one-row decode step. ``FULCRUM_GEMV_ROPE=0`` turns it off.
+FUSE_ROPE = os.environ.get("FULCRUM_GEMV_ROPE", "1") == "1"
 # (block_n, block_k, num_warps) on CUDA by weight element size: "bf16" (bf16/fp16, tuned),
 # "fp8" (tuned), "fp32" (not tuned: half the bf16 tile, the same register bytes); the
 # interpreter's tiles. ``FULCRUM_GEMV_CONFIG="bf16=4,2048,4;fp8=4,1024,4"`` overrides them.
@@ -78,21 +81,44 @@ def _gemv_kernel(
     stride_xm,
     stride_wn,
     stride_om,
+    # ROPE only (``rope_gemv``): positions, the [cos | sin] table, slots, the K and V caches
+    pos_ptr,
+    cs_ptr,
+    stride_cs,
+    slot_ptr,
+    kc_ptr,
+    vc_ptr,
+    stride_cb,
+    stride_co,
+    stride_ch,
     K: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,  # W is [gate; up] (2N rows): out = silu(gate rows) * up rows
+    ROPE: tl.constexpr,  # W is qkv_proj's: rotary on q and k heads, K/V rows into the cache
+    HEAD_DIM: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    PAGE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    V_TOKEN_MAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    HALF: tl.constexpr = HEAD_DIM // 2
     if SILU:  # rows interleaved gate, up, gate, up, ...: output rows pid * BLOCK_N // 2 + j
         j = tl.arange(0, BLOCK_N)
         offs_o = pid * (BLOCK_N // 2) + j // 2
         mask_n = offs_o < N
         offs_n = offs_o + (j % 2) * N
+    elif ROPE:  # rotary pairs (d, d + HALF) of a head interleaved: pair q = pid * BLOCK_N // 2 + j
+        j = tl.arange(0, BLOCK_N)
+        pair = pid * (BLOCK_N // 2) + j // 2
+        mask_n = pair < N // 2
+        offs_n = (pair // HALF) * HEAD_DIM + pair % HALF + (j % 2) * HALF
     else:
         offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
@@ -131,9 +157,92 @@ def _gemv_kernel(
         acc = g / (1.0 + tl.exp(-g)) * u
         offs_n = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         mask_n = offs_n < N
-    mask = mask_m[:, None] & mask_n[None, :]
-    dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    if ROPE:
+        _rope_epilogue(
+            acc, pid, N, offs_m, mask_m, out_ptr, stride_om, pos_ptr, cs_ptr, stride_cs,
+            slot_ptr, kc_ptr, vc_ptr, stride_cb, stride_co, stride_ch, HEAD_DIM, NUM_Q_HEADS,
+            NUM_KV_HEADS, PAGE, KV_FP8, V_TOKEN_MAJOR, BLOCK_M, BLOCK_N,
+        )  # fmt: skip
+    else:
+        mask = mask_m[:, None] & mask_n[None, :]
+        dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_epilogue(
+    acc,  # [BLOCK_M, BLOCK_N] fp32 sums: rows (d, d + HALF) of a head, pair after pair
+    pid,
+    N,
+    offs_m,
+    mask_m,
+    out_ptr,
+    stride_om,
+    pos_ptr,
+    cs_ptr,
+    stride_cs,
+    slot_ptr,
+    kc_ptr,
+    vc_ptr,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    HEAD_DIM: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    PAGE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    V_TOKEN_MAJOR: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """What ``kernels/rotary.py`` does after the projection, on this program's pairs: rotate
+    q and k heads by each row's position (from the projection rounded to the output dtype, fp32
+    math, as that kernel sees it), store q, k, v, and write K/V into the paged cache."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    dt = out_ptr.dtype.element_ty
+    x1, x2 = tl.split(tl.reshape(acc.to(dt).to(tl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
+    pair = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    head = pair // HALF
+    d = pair % HALF
+    mask = mask_m[:, None] & (pair < N // 2)[None, :]
+    pos = tl.load(pos_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+    cs = cs_ptr + pos[:, None] * stride_cs + d[None, :]
+    cos = tl.load(cs, mask=mask, other=1.0)
+    sin = tl.load(cs + HALF, mask=mask, other=0.0)
+    rot = (head < NUM_Q_HEADS + NUM_KV_HEADS)[None, :]  # q and k heads; v heads pass through
+    y1 = tl.where(rot, x1 * cos - x2 * sin, x1).to(dt)
+    y2 = tl.where(rot, x2 * cos + x1 * sin, x2).to(dt)
+    dst = out_ptr + offs_m[:, None] * stride_om + (head * HEAD_DIM + d)[None, :]
+    tl.store(dst, y1, mask=mask)
+    tl.store(dst + HALF, y2, mask=mask)
+    # K/V heads into the cache, as ``reshape_and_cache.store_kv_row`` writes them
+    slot = tl.load(slot_ptr + offs_m, mask=mask_m, other=-1).to(tl.int64)[:, None]
+    block = slot // PAGE
+    off = slot % PAGE
+    kv = head - NUM_Q_HEADS  # k heads 0 .. NUM_KV_HEADS-1, then v heads
+    is_v = kv >= NUM_KV_HEADS
+    h = tl.where(is_v, kv - NUM_KV_HEADS, kv)[None, :]
+    y1 = y1.to(tl.float32)
+    y2 = y2.to(tl.float32)
+    if KV_FP8:  # saturate: out-of-range values would not survive the conversion
+        y1 = tl.clamp(y1, -448.0, 448.0)
+        y2 = tl.clamp(y2, -448.0, 448.0)
+    y1 = y1.to(kc_ptr.dtype.element_ty)
+    y2 = y2.to(kc_ptr.dtype.element_ty)
+    mask = mask & (slot >= 0)
+    k_mask = mask & ((kv >= 0) & ~is_v)[None, :]
+    v_mask = mask & is_v[None, :]
+    base = block * stride_cb + off * stride_co + h * stride_ch + d[None, :]
+    tl.store(kc_ptr + base, y1, mask=k_mask)
+    tl.store(kc_ptr + base + HALF, y2, mask=k_mask)
+    if V_TOKEN_MAJOR:  # [kv_head, d, page] blocks: token ``off``'s values PAGE apart
+        base = block * stride_cb + (h * HEAD_DIM + d[None, :]) * PAGE + off
+        tl.store(vc_ptr + base, y1, mask=v_mask)
+        tl.store(vc_ptr + base + HALF * PAGE, y2, mask=v_mask)
+    else:
+        tl.store(vc_ptr + base, y1, mask=v_mask)
+        tl.store(vc_ptr + base + HALF, y2, mask=v_mask)
 
 
 def gemv(
@@ -144,7 +253,7 @@ def gemv(
     scale: torch.Tensor | None = None,  # [N] fp32, one per weight row (an FP8 weight's)
 ) -> torch.Tensor:
     """``(x @ weight.T) * scale + bias`` for a few rows of ``x``, in ``x``'s dtype."""
-    return _launch(x, weight, bias, config, scale, False)
+    return _launch(x, weight, bias, config, scale)
 
 
 def silu_gemv(
@@ -159,10 +268,57 @@ def silu_gemv(
     dtype first, as the separate activation kernel sees them). No extra memory traffic."""
     if weight.shape[0] % 2:
         raise ValueError(f"silu_gemv: gate and up rows, got {weight.shape[0]} rows")
-    return _launch(x, weight, bias, config, scale, True)
+    return _launch(x, weight, bias, config, scale, "silu")
 
 
-def _launch(x, weight, bias, config, scale, silu):
+def rope_gemv(
+    x: torch.Tensor,  # [M, K]
+    weight: torch.Tensor,  # [(num_heads + 2 * num_kv_heads) * head_dim, K]: q, k, v rows
+    positions: torch.Tensor,  # [M] int
+    cos_sin_cache: torch.Tensor,  # [max_position, head_dim] fp32: [cos | sin]
+    kv_cache: torch.Tensor,  # [2, num_blocks, page, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [>= M] int; -1: a padding row, not written
+    num_heads: int,
+    num_kv_heads: int,
+    bias: torch.Tensor | None = None,
+    config: tuple[int, int, int] | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The qkv projection, rotary on its q and k heads and its K/V rows written into the
+    paged cache, in one kernel: ``gemv`` then ``kernels/rotary.apply_rotary(..., kv_write=...)``
+    (same rounding). Each program owns rotary pairs -- rows d and d + head_dim/2 of a head --
+    so the rotation needs nothing another program computes. Rotary over the whole head only
+    (a partial ``rotary_dim`` takes the separate kernel)."""
+    from fulcrum.kernels.reshape_and_cache import cache_args
+
+    head_dim = cos_sin_cache.shape[1]
+    n = weight.shape[0]
+    if n != (num_heads + 2 * num_kv_heads) * head_dim or head_dim % 2:
+        raise ValueError(
+            f"rope_gemv: {n} weight rows for {num_heads} + 2 x {num_kv_heads} heads of "
+            f"{head_dim} (the rotary dim must be the head dim)"
+        )
+    assert cos_sin_cache.stride(-1) == 1 and slot_mapping.shape[0] >= x.shape[0]
+    kv = torch.empty(1, num_kv_heads, head_dim, device=x.device, dtype=x.dtype)
+    strides, consts = cache_args(kv, kv, kv_cache)
+    assert kv_cache.shape[3] == num_kv_heads and kv_cache.shape[4] == head_dim
+    rope = (
+        (positions, cos_sin_cache, cos_sin_cache.stride(0), slot_mapping, kv_cache[0], kv_cache[1])
+        + tuple(strides[4:]),
+        dict(
+            HEAD_DIM=head_dim,
+            NUM_Q_HEADS=num_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            PAGE=consts["BLOCK_SIZE"],
+            KV_FP8=consts["FP8"],
+            V_TOKEN_MAJOR=consts["V_TOKEN_MAJOR"],
+        ),
+    )
+    return _launch(x, weight, bias, config, scale, "rope", rope)
+
+
+def _launch(x, weight, bias, config, scale, epilogue=None, rope=None):
+    silu = epilogue == "silu"
     m, k = x.shape
     n, k_w = weight.shape
     if m > MAX_M or k != k_w:
@@ -180,13 +336,14 @@ def _launch(x, weight, bias, config, scale, silu):
             kind = "bf16_small"
         config = GPU_CONFIG[kind] if x.is_cuda else INTERPRET_CONFIG
     block_n, block_k, warps = config
-    assert block_n >= 2 or not silu
+    assert block_n >= 2 or epilogue is None
     block_k = min(block_k, triton.next_power_of_2(k))
     grid = (triton.cdiv(n, block_n // 2 if silu else block_n),)
     mode = pdl.mode(x, grid[0], early=True)  # released before its wait: measured faster
     if scale is not None:
         assert scale.dtype == torch.float32 and scale.is_contiguous()
         assert scale.numel() == weight.shape[0]
+    rope_args, rope_consts = rope or ((weight,) * 6 + (0, 0, 0), _NO_ROPE)
     _gemv_kernel[grid](
         x,
         weight,
@@ -198,10 +355,13 @@ def _launch(x, weight, bias, config, scale, silu):
         x.stride(0),
         weight.stride(0),
         out.stride(0),
+        *rope_args,
         K=k,
         HAS_SCALE=scale is not None,
         HAS_BIAS=bias is not None,
         SILU=silu,
+        ROPE=epilogue == "rope",
+        **rope_consts,
         BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=block_n,
         BLOCK_K=block_k,
@@ -210,3 +370,8 @@ def _launch(x, weight, bias, config, scale, silu):
         **pdl.launch_options(mode),
     )
     return out
+
+
+_NO_ROPE = dict(
+    HEAD_DIM=2, NUM_Q_HEADS=1, NUM_KV_HEADS=1, PAGE=1, KV_FP8=False, V_TOKEN_MAJOR=False
+)

@@ -22,9 +22,13 @@ which multiprocessors they hold meanwhile. A grid launches only once every progr
 before it has released or exited, so every program of that grid is resident by then: a waiting
 dependent never keeps an earlier kernel's program from running.
 
-Every kernel launched with PDL waits before its first memory access, so each kernel still sees
-all writes of every kernel before it (the kernel it waits for waited in turn), and never
-overwrites memory a kernel before it still reads. Kernels outside fulcrum (cuBLAS, torch) keep
+Every kernel launched with PDL waits before its first write and before reading anything a kernel
+writes, so each kernel still sees all writes of every kernel before it (the kernel it waits for
+waited in turn), and never overwrites memory a kernel before it still reads. Reads before the
+wait touch only what no kernel writes during a step: weights (the GEMV's first tile) and the
+step's inputs, copied from the host before its first kernel (decode attention's request rows,
+lengths and block tables). A PDL kernel launches only after every kernel before it has
+launched, and one without PDL (a copy, cuBLAS, torch) only after the work before it is done. Kernels outside fulcrum (cuBLAS, torch) keep
 their plain launches; a PDL kernel after one of them waits for it just the same.
 """
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
 from fulcrum.model.layers.activation import silu_and_mul
-from fulcrum.model.layers.linear import Linear, norm_linear
+from fulcrum.model.layers.linear import Linear, RopeKV, norm_linear, norm_linear_rope
 from fulcrum.model.layers.norm import RMSNorm
 from fulcrum.model.layers.rotary import RotaryEmbedding
 from fulcrum.quant.base import QuantMethod
@@ -76,21 +76,32 @@ class Attention(nn.Module):
         self.rope = rope
         self.backend = backend
 
-    def project(self, qkv, positions, kv_cache, slot_mapping) -> tuple[torch.Tensor, ...]:
-        """q ``[T, heads, D]`` and k, v ``[T, kv_heads, D]`` from ``qkv_proj``'s output, rotary
-        applied; this step's K/V rows written into ``kv_cache`` at ``slot_mapping``."""
+    def project(
+        self, norm, x, residual, positions, kv_cache, slot_mapping
+    ) -> tuple[torch.Tensor, ...]:
+        """``(q, k, v, residual)``: the layer's input normed (with the residual add) and
+        projected, q ``[T, heads, D]`` and k, v ``[T, kv_heads, D]``, rotary applied and this
+        step's K/V rows written into ``kv_cache`` at ``slot_mapping`` -- by the projection's
+        own kernel where it can (one row on CUDA), else by the backend after it."""
         a = self.a
+        rope = RopeKV(
+            positions, getattr(self.rope, "cos_sin_cache", None), kv_cache, slot_mapping,
+            a.num_heads, a.num_kv_heads, a.head_dim,
+        )  # fmt: skip
+        fused = norm_linear_rope(norm, self.qkv_proj, x, residual, rope)
+        qkv, residual = fused or norm_linear(norm, self.qkv_proj, x, residual)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, a.num_heads, a.head_dim)
         k = k.view(-1, a.num_kv_heads, a.head_dim)
         v = v.view(-1, a.num_kv_heads, a.head_dim)
-        q, k = self.backend.rope_and_write_kv(self.rope, positions, q, k, v, kv_cache, slot_mapping)
-        return q, k, v
+        if fused is None:
+            q, k = self.backend.rope_and_write_kv(
+                self.rope, positions, q, k, v, kv_cache, slot_mapping
+            )
+        return q, k, v, residual
 
-    def forward(self, qkv, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """The attention rows ``[T, heads * D]`` (``o_proj``'s input), from ``qkv_proj``'s
-        output."""
-        q, k, v = self.project(qkv, positions, kv_cache, meta.slot_mapping)
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """The attention rows ``[T, heads * D]`` (``o_proj``'s input)."""
         return self.backend.attend(q, k, v, kv_cache, meta).reshape(-1, self.q_size)
 
 
@@ -121,15 +132,16 @@ class DecoderLayer(nn.Module):
     # ``(x, residual)`` between layers: the hidden state is ``x + residual`` (``residual`` None
     # for the embedding).
     def forward(self, x, residual, positions, kv_cache, meta):
-        qkv, residual = norm_linear(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
-        o = self.self_attn(qkv, positions, kv_cache, meta)
-        return self.after_attention(o, residual)
+        q, k, v, residual = self.before_attention(
+            x, residual, positions, kv_cache, meta.slot_mapping
+        )
+        return self.after_attention(self.self_attn(q, k, v, kv_cache, meta), residual)
 
     # The layer in two halves around attention, for CUDA graphs captured piecewise.
     def before_attention(self, x, residual, positions, kv_cache, slot_mapping):
         """``(q, k, v, residual)`` of this layer's input (its K/V rows written)."""
-        qkv, residual = norm_linear(self.input_layernorm, self.self_attn.qkv_proj, x, residual)
-        return (*self.self_attn.project(qkv, positions, kv_cache, slot_mapping), residual)
+        attn = self.self_attn
+        return attn.project(self.input_layernorm, x, residual, positions, kv_cache, slot_mapping)
 
     def after_attention(self, o, residual):
         """``(output, residual)`` from the attention rows ``o`` (``o_proj``'s input)."""

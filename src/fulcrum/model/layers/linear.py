@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,6 +33,26 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
+def _norm(
+    norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm(h), h)`` with ``h = x`` or ``x + residual``."""
+    if residual is None:
+        return norm(x), x
+    return norm(x, residual)
+
+
+def _one_row_operands(layer: nn.Module, x: torch.Tensor):
+    """The layer's GEMV operands where ``x`` is one row on CUDA and the GEMV takes it."""
+    operands = getattr(layer, "gemv_operands", None)
+    if operands is None or x.shape[0] != 1 or x.dim() != 2 or not use_triton(x):
+        return None
+    from fulcrum.kernels import gemv
+
+    weight, bias, scale = operands()
+    return (weight, bias, scale) if gemv.use_gemv(x, weight) else None
+
+
 def norm_linear(
     norm: RMSNorm,
     layer: nn.Module,
@@ -42,16 +64,53 @@ def norm_linear(
     ``silu_and_mul`` of the projection (gate_up), in the projection's own kernel where it runs
     the one-row GEMV on CUDA (``gemv.silu_gemv``, when ``gemv.FUSE_SILU``): the activation's
     launch, and its trip through memory, drop out."""
-    if residual is None:
-        h, x = x, norm(x)
-    else:
-        x, h = norm(x, residual)
-    operands = getattr(layer, "gemv_operands", None)
-    if silu and operands is not None and x.shape[0] == 1 and x.dim() == 2 and use_triton(x):
+    x, h = _norm(norm, x, residual)
+    if silu:
         from fulcrum.kernels import gemv
 
-        weight, bias, scale = operands()
-        if gemv.FUSE_SILU and gemv.use_gemv(x, weight):
+        operands = _one_row_operands(layer, x) if gemv.FUSE_SILU else None
+        if operands is not None:
+            weight, bias, scale = operands
             return gemv.silu_gemv(x, weight, bias, scale=scale), h
     y = layer(x)
     return (silu_and_mul(y) if silu else y), h
+
+
+class RopeKV(NamedTuple):
+    """What the qkv projection needs to apply rotary and write the step's K/V itself."""
+
+    positions: torch.Tensor  # [T]
+    cos_sin_cache: torch.Tensor | None  # [max_position, rotary_dim] fp32
+    kv_cache: torch.Tensor  # [2, num_blocks, page, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor  # [>= T]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def norm_linear_rope(
+    norm: RMSNorm,
+    layer: nn.Module,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    rope: RopeKV,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(qkv, h)`` as :func:`norm_linear` gives them, with rotary applied to q and k and the
+    K/V rows written into the cache by the projection's own one-row GEMV
+    (``gemv.rope_gemv``, when ``gemv.FUSE_ROPE``): the rotary kernel's launch drops out of the
+    decode step. None where that does not apply (the caller then runs the two kernels)."""
+    from fulcrum.kernels import gemv
+
+    cs = rope.cos_sin_cache
+    if not gemv.FUSE_ROPE or cs is None or cs.shape[1] != rope.head_dim:
+        return None
+    operands = _one_row_operands(layer, x)
+    if operands is None:
+        return None
+    weight, bias, scale = operands
+    x, h = _norm(norm, x, residual)
+    qkv = gemv.rope_gemv(
+        x, weight, rope.positions, cs, rope.kv_cache, rope.slot_mapping, rope.num_heads,
+        rope.num_kv_heads, bias=bias, scale=scale,
+    )  # fmt: skip
+    return qkv, h
