@@ -15,6 +15,8 @@
     norope    rotary + the K/V write as their own kernel at batch 1 (gemv.FUSE_ROPE off)
     noprewait  decode attention at batch <= 4 reads its inputs after its PDL wait
               (decode_attention.PRE_WAIT_MAX_REQS = 0)
+    nosplitearly  the decode split grid at batch <= 4 releases the reduce kernel at its exit
+              (decode_attention.SPLIT_EARLY off)
     tile2048  qkv and o_proj's GEMV on the general bf16 tile (4, 2048, 4), not one K tile
     nopre     small Triton grids and the GEMV release the next kernel after their wait, not
               before it (pdl.PRE_RELEASE off)
@@ -94,6 +96,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         import fulcrum.kernels.decode_attention as da
 
         da.PRE_WAIT_MAX_REQS = 0
+    if name == "nosplitearly":
+        import fulcrum.kernels.decode_attention as da
+
+        da.SPLIT_EARLY = False
     if name == "tile2048":
         from fulcrum.kernels import gemv
 

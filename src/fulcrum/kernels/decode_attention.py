@@ -49,6 +49,10 @@ MAX_SPLITS = 32
 # that writes q: those reads leave the step's critical path. Larger batches keep the loop that
 # was tuned for them. 0 turns it off.
 PRE_WAIT_MAX_REQS = 4
+# There the split grid (e.g. 32 splits x 8 kv heads at batch 1: 256 programs, all resident at
+# once at 4 per multiprocessor) also lets the reduce kernel launch before its own wait
+# (``pdl.mode(..., early=True)``), so the reduce's launch hides behind the splits.
+SPLIT_EARLY = True
 # A split takes at least this many tokens (rounded up to the tile), so a short context runs on
 # fewer, longer programs while a long one still spreads over every split: the split count stays
 # a function of the batch shape (graph-safe) and the context decides how many of them work.
@@ -352,7 +356,8 @@ def decode_attention(
     if min_split_tokens is None:
         min_split_tokens = MIN_SPLIT_TOKENS if q.is_cuda else 0
     min_split = -(-min_split_tokens // block_n) * block_n
-    m = pdl.mode(q, num_reqs * num_kv_heads * num_splits)
+    small = num_splits > 1 and num_reqs <= PRE_WAIT_MAX_REQS
+    m = pdl.mode(q, num_reqs * num_kv_heads * num_splits, early=small and SPLIT_EARLY)
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -392,7 +397,7 @@ def decode_attention(
         FP8_MODE=FP8_MODES[FP8_MODE] if is_fp8(kv_cache.dtype) and q.is_cuda else 0,
         HAS_ORDER=order is not None,
         V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
-        PRE_WAIT=num_splits > 1 and num_reqs <= PRE_WAIT_MAX_REQS,
+        PRE_WAIT=small,
         PDL=m,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
