@@ -47,11 +47,15 @@ MAX_SPLITS = 32
 # Up to this many requests (the latency-bound single-stream steps) a split program reads the
 # step's inputs -- its request's row, length and first blocks -- before waiting for the kernel
 # that writes q: those reads leave the step's critical path. Larger batches keep the loop that
-# was tuned for them. 0 turns it off.
+# was tuned for them. 0 turns it off. H200, batch 1 at a 1,000-token context (BENCHMARKS.md,
+# ninth session): graph replay 4.097 -> 4.076 ms (bf16), 3.426 -> 3.373 ms (FP8 weights + KV).
 PRE_WAIT_MAX_REQS = 4
-# There the split grid (e.g. 32 splits x 8 kv heads at batch 1: 256 programs, all resident at
-# once at 4 per multiprocessor) also lets the reduce kernel launch before its own wait
-# (``pdl.mode(..., early=True)``), so the reduce's launch hides behind the splits.
+# There the split grid of a 16-bit cache (e.g. 32 splits x 8 kv heads at batch 1: 256 programs,
+# all resident at once at 4 per multiprocessor) also lets the reduce kernel launch before its
+# own wait (``pdl.mode(..., early=True)``), so the reduce's launch hides behind the splits:
+# replays back to back 4.074 -> 3.991 ms (the engine's ITL did not move: see BENCHMARKS.md).
+# An FP8 cache's deeper pipeline fits fewer programs per multiprocessor, and releasing early
+# measured slower there (3.390 -> 3.417 ms), so it keeps the plain launch.
 SPLIT_EARLY = True
 # A split takes at least this many tokens (rounded up to the tile), so a short context runs on
 # fewer, longer programs while a long one still spreads over every split: the split count stays
@@ -357,7 +361,8 @@ def decode_attention(
         min_split_tokens = MIN_SPLIT_TOKENS if q.is_cuda else 0
     min_split = -(-min_split_tokens // block_n) * block_n
     small = num_splits > 1 and num_reqs <= PRE_WAIT_MAX_REQS
-    m = pdl.mode(q, num_reqs * num_kv_heads * num_splits, early=small and SPLIT_EARLY)
+    early = small and SPLIT_EARLY and not is_fp8(kv_cache.dtype)
+    m = pdl.mode(q, num_reqs * num_kv_heads * num_splits, early=early)
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
         q,
         k_cache,

@@ -43,7 +43,9 @@ USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
 # session): step 4.156 -> 4.131 ms, ITL 4.19 -> 4.14 ms. ``FULCRUM_GEMV_SILU=0`` turns it off.
 FUSE_SILU = os.environ.get("FULCRUM_GEMV_SILU", "1") == "1"
 # Rotary and the K/V cache write in the qkv GEMV's epilogue (``rope_gemv``): the rotary
-# kernel's launch drops out of the one-row decode step. ``FULCRUM_GEMV_ROPE=0`` turns it off.
+# kernel's launch drops out of the one-row decode step. H200, batch 1 at a 1,000-token context
+# (BENCHMARKS.md, ninth session): graph replay bf16 4.056 -> 4.062 ms (no change), FP8 weights
+# + KV 3.498 -> 3.444 ms; ITL 4.076 -> 4.061 ms. ``FULCRUM_GEMV_ROPE=0`` turns it off.
 FUSE_ROPE = os.environ.get("FULCRUM_GEMV_ROPE", "1") == "1"
 # (block_n, block_k, num_warps) on CUDA by weight element size: "bf16" (bf16/fp16, tuned),
 # "fp8" (tuned), "fp32" (not tuned: half the bf16 tile, the same register bytes); the

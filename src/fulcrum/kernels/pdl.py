@@ -7,7 +7,8 @@ touching memory. A batch-1 decode step runs ~450 kernels, so the launch gaps add
 whose whole grid is resident at once also signals ``griddepcontrol.launch_dependents`` before
 its wait (or right after it), letting the next PDL kernel launch during its run; a larger grid
 does not (waiting programs of the next kernel would hold multiprocessors its later programs
-need), except the batch-1 GEMV, measured faster releasing early::
+need), except the batch-1 GEMV and the small-batch decode split grid (resident at once),
+measured faster releasing early::
 
     mode OFF    plain launch, no wait compiled in (CPU, interpreter, pre-Hopper, FULCRUM_PDL=0)
     mode WAIT   launch with PDL; wait first
@@ -28,8 +29,9 @@ waited in turn), and never overwrites memory a kernel before it still reads. Rea
 wait touch only what no kernel writes during a step: weights (the GEMV's first tile) and the
 step's inputs, copied from the host before its first kernel (decode attention's request rows,
 lengths and block tables). A PDL kernel launches only after every kernel before it has
-launched, and one without PDL (a copy, cuBLAS, torch) only after the work before it is done. Kernels outside fulcrum (cuBLAS, torch) keep
-their plain launches; a PDL kernel after one of them waits for it just the same.
+launched, and one without PDL (a copy, cuBLAS, torch) only after the work before it is done.
+Kernels outside fulcrum (cuBLAS, torch) keep their plain launches; a PDL kernel after one of
+them waits for it just the same.
 """
 
 from __future__ import annotations
