@@ -1,0 +1,115 @@
+"""The batch-1 decode graph replayed back to back against the same graph inside the engine's
+own loop (graphs and asynchronous scheduling, as the ITL benchmark runs), one process:
+
+    back to back   the engine's start-up graph, a fresh capture of the same step (own pool and
+                   the engine's pool), and a fresh capture with the split grid releasing at exit
+                   (``decode_attention.SPLIT_EARLY`` off); ``replay_ms`` of each, interleaved
+    in the loop    CUDA events around each graph replay of a 1,000-token request's decode
+                   steps: the graph's time, the period between replays, the device gap between
+                   graphs (inputs, the sampled-id patch, the ids' copy back)
+
+    python benchmarks/graph_in_loop.py [--rounds 4] [--steps 200]
+    (Llama-3.1-8B shape, dummy weights, bf16; needs CUDA)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_h200 as g  # noqa: E402
+from gpu_profile import _all_decoding, _step_until  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=4, help="interleaved back-to-back rounds")
+    ap.add_argument("--steps", type=int, default=200, help="decode steps per in-loop trial")
+    args = ap.parse_args()
+    import torch
+
+    import fulcrum.kernels.decode_attention as da
+    from fulcrum import LLM, SamplingParams
+
+    llm = LLM(g.MODEL, **g.ENGINE)
+    core, runner = llm.core, llm.core.runner
+    graphs = runner.graphs
+    rng = random.Random(0)
+
+    def add(max_tokens: int) -> None:
+        sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        llm._add([rng.randrange(1000, 120000) for _ in range(1000)], sp)
+
+    def med(v: list[float]) -> float:
+        return round(statistics.median(v), 4)
+
+    # 1. back to back
+    add(3000)
+    _step_until(core, lambda: _all_decoding(core, 2))
+
+    def fresh(pool=None, early: bool = True):
+        da.SPLIT_EARLY = early
+        try:
+            graphs._run_static(1)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                graphs._run_static(1)
+        finally:
+            da.SPLIT_EARLY = True
+        return graph
+
+    g.replay_ms(graphs.graphs[1], 50)  # clocks up
+    times: dict[str, list[float]] = {}
+    kept = []
+    for _ in range(args.rounds):
+        kept.append(fresh(pool=graphs.pool))  # kept: its memory is the engine pool's
+        for name, graph in (
+            ("engine graph", graphs.graphs[1]),
+            ("fresh capture", fresh()),
+            ("fresh capture, engine pool", kept[-1]),
+            ("fresh capture, split grid released at exit", fresh(early=False)),
+        ):
+            times.setdefault(name, []).append(g.replay_ms(graph, 50))
+    g.emit("back_to_back_ms", **{k: med(v) for k, v in times.items()})
+    core.abort_requests(list(core.scheduler.requests))
+    _step_until(core, lambda: not core.has_unfinished_requests())
+
+    # 2. inside the engine's loop
+    events: list[tuple] = []
+    replay = graphs.replay
+
+    def timed(b: int, n: int):
+        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        out = replay(b, n)
+        z.record()
+        events.append((a, z))
+        return out
+
+    graphs.replay = timed
+    try:
+        for trial in range(2):
+            events.clear()
+            add(args.steps)
+            _step_until(core, lambda: not core.has_unfinished_requests())
+            torch.cuda.synchronize()
+            e = events[20:-5]
+            g.emit(
+                "in_loop_ms",
+                trial=trial,
+                graph=med([a.elapsed_time(z) for a, z in e]),
+                period=med([e[i][0].elapsed_time(e[i + 1][0]) for i in range(len(e) - 1)]),
+                gap=med([e[i][1].elapsed_time(e[i + 1][0]) for i in range(len(e) - 1)]),
+                replays=len(events),
+            )
+    finally:
+        graphs.replay = replay
+
+
+if __name__ == "__main__":
+    main()
