@@ -3,7 +3,9 @@ own loop (graphs and asynchronous scheduling, as the ITL benchmark runs), one pr
 
     back to back   the engine's start-up graph, a fresh capture of the same step (own pool and
                    the engine's pool), and a fresh capture with the split grid releasing at exit
-                   (``decode_attention.SPLIT_EARLY`` off); ``replay_ms`` of each, interleaved
+                   (``decode_attention.SPLIT_EARLY`` off); ``replay_ms`` of each, interleaved;
+                   then the engine graph with the engine's between-graph operations (inputs
+                   copy, sampled-id patch, ids copy back) added one at a time, period per step
     in the loop    CUDA events around each graph replay of a 1,000-token request's decode
                    steps: the graph's time, the period between replays, the device gap between
                    graphs (inputs, the sampled-id patch, the ids' copy back)
@@ -76,6 +78,43 @@ def main() -> None:
         ):
             times.setdefault(name, []).append(g.replay_ms(graph, 50))
     g.emit("back_to_back_ms", **{k: med(v) for k, v in times.items()})
+
+    # 1b. the engine graph with the engine's between-graph operations, added one at a time and
+    # replayed back to back (no host in the loop): which of them the ~50 us goes with
+    from fulcrum.kernels.scatter import gather_scatter
+
+    ids_host = torch.empty(1, dtype=torch.int64, pin_memory=True)
+    patch = graphs.patch[:, :1]
+    between = {
+        "inputs copy": lambda: graphs._dev.copy_(graphs._host, non_blocking=True),
+        "+ sampled-id patch": lambda: gather_scatter(graphs.tokens[0], patch, graphs.outputs[1][1]),
+        "+ ids copy back and an event": lambda: (
+            ids_host.copy_(graphs.outputs[1][1][:1], non_blocking=True),
+            torch.cuda.Event().record(),
+        ),
+    }
+    patch.zero_()  # row 0 <- the last sampled id (row 0)
+    graphs.h_patch[:, :1] = 0
+    ops: list = []
+    times = {}
+    for name, op in between.items():
+        ops.append(op)
+
+        def step(ops=tuple(ops)) -> None:
+            for o in ops:
+                o()
+            graphs.graphs[1].replay()
+
+        for _ in range(args.rounds):
+            step()
+            a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(50):
+                step()
+            z.record()
+            z.synchronize()
+            times.setdefault(name, []).append(a.elapsed_time(z) / 50)
+    g.emit("back_to_back_with_ops_between_ms", **{k: med(v) for k, v in times.items()})
     core.abort_requests(list(core.scheduler.requests))
     _step_until(core, lambda: not core.has_unfinished_requests())
 
