@@ -79,11 +79,8 @@ def test_gemv_fp8_weight_with_row_scales(m: int) -> None:
     assert (out - F.linear(x, w, b)).abs().max() < 0.05 * F.linear(x, w).abs().max() + 0.01
 
 
-def test_silu_in_the_layer_matches_the_unfused_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A decoder layer's half after attention with SiLU-and-mul in gate_up's one-row GEMV
-    (``gemv.FUSE_SILU``) against the same layer with the activation as its own kernel."""
-    import fulcrum.model.layers.linear as linear_mod
-    from fulcrum.kernels import gemv as gemv_mod
+def _tiny_layer(rope=None, backend=None):
+    """A one-layer Llama decoder (4 heads over 2 kv heads of 16, qkv bias) with random weights."""
     from fulcrum.model.llama import DecoderLayer, ModelArgs
 
     a = ModelArgs(
@@ -92,16 +89,36 @@ def test_silu_in_the_layer_matches_the_unfused_layer(monkeypatch: pytest.MonkeyP
         tie_word_embeddings=False, max_position=64,
     )  # fmt: skip
     torch.manual_seed(0)
-    layer = DecoderLayer(a, None, None)
+    layer = DecoderLayer(a, rope, backend)
     for p in layer.parameters():
         p.data = torch.randn_like(p) * 0.1
+    return layer
+
+
+def _on_the_interpreters_gemv(monkeypatch, block_n: int, kernel: str) -> list:
+    """Linear layers run the GEMV (in the interpreter) as on CUDA; returns a list that gets an
+    entry per call of ``gemv.<kernel>``."""
+    import fulcrum.model.layers.linear as linear_mod
+    from fulcrum.kernels import gemv as gemv_mod
+
+    cfg = {k: (block_n, 32, 1) for k in gemv_mod.GPU_CONFIG}
+    monkeypatch.setattr(gemv_mod, "GPU_CONFIG", cfg)
+    monkeypatch.setattr(linear_mod, "use_triton", lambda t: True)
+    calls: list = []
+    real = getattr(gemv_mod, kernel)
+    monkeypatch.setattr(gemv_mod, kernel, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def test_silu_in_the_layer_matches_the_unfused_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoder layer's half after attention with SiLU-and-mul in gate_up's one-row GEMV
+    (``gemv.FUSE_SILU``) against the same layer with the activation as its own kernel."""
+    from fulcrum.kernels import gemv as gemv_mod
+
+    layer = _tiny_layer()
     o, residual = torch.randn(1, 64), torch.randn(1, 64)
     out, res = layer.after_attention(o, residual)  # off CUDA: torch throughout
-    monkeypatch.setattr(gemv_mod, "GPU_CONFIG", {k: (8, 32, 1) for k in gemv_mod.GPU_CONFIG})
-    monkeypatch.setattr(linear_mod, "use_triton", lambda t: True)  # the interpreter's GEMV
-    calls = []
-    real = gemv_mod.silu_gemv
-    monkeypatch.setattr(gemv_mod, "silu_gemv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = _on_the_interpreters_gemv(monkeypatch, 8, "silu_gemv")
     for fuse in (True, False):
         monkeypatch.setattr(gemv_mod, "FUSE_SILU", fuse)
         out_f, res_f = layer.after_attention(o, residual)
@@ -117,32 +134,18 @@ def test_rope_in_the_layer_matches_the_unfused_layer(monkeypatch: pytest.MonkeyP
     the attention backend after the projection."""
     from types import SimpleNamespace
 
-    import fulcrum.model.layers.linear as linear_mod
     from fulcrum.attention.torch_ref import TorchAttentionBackend
     from fulcrum.kernels import gemv as gemv_mod
     from fulcrum.model.layers.rotary import RotaryEmbedding
-    from fulcrum.model.llama import DecoderLayer, ModelArgs
 
-    a = ModelArgs(
-        vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=1, num_heads=4,
-        num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, qkv_bias=True,
-        tie_word_embeddings=False, max_position=64,
-    )  # fmt: skip
-    torch.manual_seed(0)
     rope = RotaryEmbedding(SimpleNamespace(rope_theta=10000.0), 16, 64)
-    layer = DecoderLayer(a, rope, TorchAttentionBackend(4, 2, 16, 0.25))
-    for p in layer.parameters():
-        p.data = torch.randn_like(p) * 0.1
+    layer = _tiny_layer(rope, TorchAttentionBackend(4, 2, 16, 0.25))
     x, residual = torch.randn(1, 64), torch.randn(1, 64)
     pos, slots = torch.tensor([37]), torch.tensor([13])
     cache = torch.zeros(2, 8, 4, 2, 16)
     want = layer.before_attention(x, residual, pos, cache, slots)  # off CUDA: torch throughout
     assert cache[:, 3, 1].abs().sum() > 0  # slot 13 = block 3, offset 1
-    monkeypatch.setattr(gemv_mod, "GPU_CONFIG", {k: (4, 32, 1) for k in gemv_mod.GPU_CONFIG})
-    monkeypatch.setattr(linear_mod, "use_triton", lambda t: True)  # the interpreter's GEMV
-    calls = []
-    real = gemv_mod.rope_gemv
-    monkeypatch.setattr(gemv_mod, "rope_gemv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = _on_the_interpreters_gemv(monkeypatch, 4, "rope_gemv")
     for fuse in (True, False):
         monkeypatch.setattr(gemv_mod, "FUSE_ROPE", fuse)
         got_cache = torch.zeros_like(cache)
