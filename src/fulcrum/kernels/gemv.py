@@ -291,7 +291,7 @@ def rope_gemv(
     (same rounding). Each program owns rotary pairs -- rows d and d + head_dim/2 of a head --
     so the rotation needs nothing another program computes. Rotary over the whole head only
     (a partial ``rotary_dim`` takes the separate kernel)."""
-    from fulcrum.kernels.reshape_and_cache import cache_args
+    from fulcrum.kv_cache.dtype import is_fp8, v_token_major
 
     head_dim = cos_sin_cache.shape[1]
     n = weight.shape[0]
@@ -301,19 +301,18 @@ def rope_gemv(
             f"{head_dim} (the rotary dim must be the head dim)"
         )
     assert cos_sin_cache.stride(-1) == 1 and slot_mapping.shape[0] >= x.shape[0]
-    kv = torch.empty(1, num_kv_heads, head_dim, device=x.device, dtype=x.dtype)
-    strides, consts = cache_args(kv, kv, kv_cache)
-    assert kv_cache.shape[3] == num_kv_heads and kv_cache.shape[4] == head_dim
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    assert k_cache.shape[2:] == (num_kv_heads, head_dim) and k_cache.stride(-1) == 1
     rope = (
-        (positions, cos_sin_cache, cos_sin_cache.stride(0), slot_mapping, kv_cache[0], kv_cache[1])
-        + tuple(strides[4:]),
+        (positions, cos_sin_cache, cos_sin_cache.stride(0), slot_mapping, k_cache, v_cache)
+        + k_cache.stride()[:3],
         dict(
             HEAD_DIM=head_dim,
             NUM_Q_HEADS=num_heads,
             NUM_KV_HEADS=num_kv_heads,
-            PAGE=consts["BLOCK_SIZE"],
-            KV_FP8=consts["FP8"],
-            V_TOKEN_MAJOR=consts["V_TOKEN_MAJOR"],
+            PAGE=k_cache.shape[1],
+            KV_FP8=is_fp8(kv_cache.dtype),
+            V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
         ),
     )
     return _launch(x, weight, bias, config, scale, "rope", rope)
