@@ -201,15 +201,18 @@ def test_silu_gemv_bf16_and_bad_shapes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("m", "dtype", "cache_dtype", "config", "bias"),
+    ("m", "dtype", "cache_dtype", "config", "bias", "heads"),
     [
-        (1, torch.float32, torch.float32, (4, 16, 1), False),  # two pairs per program
-        (3, torch.float32, torch.float32, (8, 32, 1), True),  # several rows (one a padding slot)
-        (1, torch.bfloat16, torch.bfloat16, (4, 32, 1), True),  # rounds as the two kernels do
-        (2, torch.bfloat16, torch.float8_e4m3fn, (2, 64, 1), False),  # FP8 cache: V token-major
+        (1, torch.float32, torch.float32, (4, 16, 1), False, (4, 2, 16)),  # 2 pairs a program
+        (3, torch.float32, torch.float32, (8, 32, 1), True, (4, 2, 16)),  # a padding slot
+        (1, torch.bfloat16, torch.bfloat16, (4, 32, 1), True, (4, 2, 16)),  # rounds as the two
+        (2, torch.bfloat16, torch.float8_e4m3fn, (2, 64, 1), False, (4, 2, 16)),  # V token-major
+        (1, torch.float32, torch.float32, (8, 16, 1), True, (3, 1, 10)),  # last program ragged
     ],
 )
-def test_rope_gemv_matches_gemv_then_rotary_and_cache_write(m, dtype, cache_dtype, config, bias):
+def test_rope_gemv_matches_gemv_then_rotary_and_cache_write(
+    m, dtype, cache_dtype, config, bias, heads
+):
     """The qkv projection with rotary and the K/V write in its epilogue against ``gemv`` then
     ``apply_rotary(..., kv_write=...)``: same qkv output, same cache bytes."""
     from paged_batch import make_paged_batch
@@ -218,7 +221,7 @@ def test_rope_gemv_matches_gemv_then_rotary_and_cache_write(m, dtype, cache_dtyp
     from fulcrum.kernels.rotary import apply_rotary
 
     g = torch.Generator().manual_seed(m + config[0])
-    hq, hkv, d, k = 4, 2, 16, 48
+    (hq, hkv, d), k = heads, 48
     cache, meta = make_paged_batch([9, 1, 23], [1, 1, 1], hkv, d, 4, generator=g)
     cache = (cache * 0.5).to(cache_dtype)
     slots = meta.slot_mapping[:m].clone()
