@@ -17,6 +17,7 @@
               (decode_attention.PRE_WAIT_MAX_REQS = 0)
     nosplitearly  the decode split grid at batch <= 4 releases the reduce kernel at its exit
               (decode_attention.SPLIT_EARLY off)
+    noargmax  the greedy argmax of a few rows on torch (kernels/argmax.py off)
     tile2048  qkv and o_proj's GEMV on the general bf16 tile (4, 2048, 4), not one K tile
     nopre     small Triton grids and the GEMV release the next kernel after their wait, not
               before it (pdl.PRE_RELEASE off)
@@ -100,6 +101,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         import fulcrum.kernels.decode_attention as da
 
         da.SPLIT_EARLY = False
+    if name == "noargmax":
+        from fulcrum.kernels import argmax
+
+        argmax.ENABLED = False
     if name == "tile2048":
         from fulcrum.kernels import gemv
 

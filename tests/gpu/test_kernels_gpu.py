@@ -403,3 +403,24 @@ def test_rope_gemv_llama8b(cache_dtype: torch.dtype) -> None:
     reshape_and_cache(kk, v, own_cache, slots)  # the cache holds exactly its own k and v
     assert torch.equal(got_cache.view(torch.uint8), own_cache.view(torch.uint8))
     assert not torch.equal(got_cache.view(torch.uint8), before.view(torch.uint8))  # it wrote
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_argmax_rows_llama_vocab_in_a_graph(n: int) -> None:
+    """The greedy argmax kernel over Llama-3's 128,256-token vocabulary, in a CUDA graph after
+    the LM head's GEMV (PDL): torch's argmax of the same logits, ties to the first index."""
+    from fulcrum.kernels.argmax import argmax_rows
+    from fulcrum.kernels.gemv import gemv
+
+    _gen(19)
+    w = torch.randn(128256, 512, device="cuda", dtype=torch.bfloat16)
+    h = torch.randn(n, 512, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        logits = gemv(h, w) if n <= 4 else h @ w.t()
+        ids = argmax_rows(logits)
+    h.copy_(torch.randn_like(h))
+    graph.replay()
+    assert torch.equal(ids, logits.argmax(-1))
+    logits[:, 1000] = logits[:, 120000] = 1e4  # a tie across the row: the first wins
+    assert torch.equal(argmax_rows(logits), torch.full((n,), 1000, device="cuda"))

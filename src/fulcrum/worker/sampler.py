@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fulcrum.model.layers.dispatch import use_triton
 from fulcrum.sampling_params import SamplingParams
 
 _PAD = -1  # placeholder in padded token-id tensors; remapped to an extra vocab column
@@ -58,10 +59,16 @@ def _token_counts(
 
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """Row-wise argmax (first maximum on ties), in two stages for small batches: a one-row
-    reduction over a 128k vocabulary runs on a single block, so split each row into chunks,
-    reduce the chunks in parallel, then pick among the chunk maxima."""
+    """Row-wise argmax (first maximum on ties). A few rows on CUDA: one Triton launch
+    (``kernels/argmax.py``). Elsewhere, in two stages for small batches: a one-row reduction
+    over a 128k vocabulary runs on a single block, so split each row into chunks, reduce the
+    chunks in parallel, then pick among the chunk maxima."""
     n, vocab = logits.shape
+    if use_triton(logits):
+        from fulcrum.kernels import argmax
+
+        if argmax.ENABLED and n <= argmax.MAX_ROWS and logits.stride(-1) == 1:
+            return argmax.argmax_rows(logits)
     chunks = next((c for c in (64, 48, 32, 16) if vocab % c == 0), 0)
     if n >= 32 or not chunks:
         return logits.argmax(dim=-1)
