@@ -42,6 +42,7 @@ KNOBS = {
     "pre_wait": ("fulcrum.kernels.decode_attention", "PRE_WAIT_MAX_REQS"),
     "split_early": ("fulcrum.kernels.decode_attention", "SPLIT_EARLY"),
     "argmax_kernel": ("fulcrum.kernels.argmax", "ENABLED"),
+    "norm_weight_first": ("fulcrum.kernels.rmsnorm", "WEIGHT_FIRST"),
     "max_splits": ("fulcrum.kernels.decode_attention", "MAX_SPLITS"),
     "min_split": ("fulcrum.kernels.decode_attention", "MIN_SPLIT_TOKENS"),
 }
@@ -73,6 +74,7 @@ SETTINGS: dict[str, dict] = {  # name: knob values ("blas": torch's preferred BL
     "gemv+pdl noprewait": {**_GEMV, "pdl": True, "pre_wait": 0},
     "gemv+pdl nosplitearly": {**_GEMV, "pdl": True, "split_early": False},
     "gemv+pdl noargmaxkernel": {**_GEMV, "pdl": True, "argmax_kernel": False},
+    "gemv+pdl normweightlate": {**_GEMV, "pdl": True, "norm_weight_first": False},
     "gemv+pdl noropefuse noprewait": {**_GEMV, "pdl": True, "fuse_rope": False, "pre_wait": 0},
     # small grids (and the GEMV) release the next kernel before their wait, or after it
     "gemv+pdl pre": {**_GEMV, "pdl": True, "pre_release": True},

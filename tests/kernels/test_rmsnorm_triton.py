@@ -42,3 +42,19 @@ def test_fused_add_rms_norm_matches_ref(shape: tuple[int, ...]) -> None:
     torch.testing.assert_close(new_res, ref_res)
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
     assert torch.equal(x, x0) and torch.equal(res, res0)  # inputs untouched
+
+
+def test_weight_read_before_or_after_the_wait_gives_the_same_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import fulcrum.kernels.rmsnorm as mod
+
+    g = torch.Generator().manual_seed(9)
+    x, res = torch.randn(3, 96, generator=g), torch.randn(3, 96, generator=g)
+    w = torch.randn(96, generator=g)
+    outs = []
+    for first in (True, False):
+        monkeypatch.setattr(mod, "WEIGHT_FIRST", first)
+        outs.append(mod.fused_add_rms_norm(x, res, w, 1e-5))
+    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+    torch.testing.assert_close(outs[0][0], mod.fused_add_rms_norm_ref(x, res, w, 1e-5)[0])

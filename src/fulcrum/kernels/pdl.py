@@ -26,12 +26,12 @@ dependent never keeps an earlier kernel's program from running.
 Every kernel launched with PDL waits before its first write and before reading anything a kernel
 writes, so each kernel still sees all writes of every kernel before it (the kernel it waits for
 waited in turn), and never overwrites memory a kernel before it still reads. Reads before the
-wait touch only what no kernel writes during a step: weights (the GEMV's first tile) and the
-step's inputs, copied from the host before its first kernel (decode attention's request rows,
-lengths and block tables). A PDL kernel launches only after every kernel before it has
-launched, and one without PDL (a copy, cuBLAS, torch) only after the work before it is done.
-Kernels outside fulcrum (cuBLAS, torch) keep their plain launches; a PDL kernel after one of
-them waits for it just the same.
+wait touch only what no kernel writes during a step: weights (the GEMV's first tile, the norm's
+weight) and the step's inputs, copied from the host before its first kernel (decode
+attention's request rows, lengths and block tables). A PDL kernel launches only after every
+kernel before it has launched, and one without PDL (a copy, cuBLAS, torch) only after the work
+before it is done. Kernels outside fulcrum (cuBLAS, torch) keep their plain launches; a PDL
+kernel after one of them waits for it just the same.
 """
 
 from __future__ import annotations

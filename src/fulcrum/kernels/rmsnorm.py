@@ -17,6 +17,11 @@ import triton.language as tl
 
 from fulcrum.kernels import pdl
 
+# The weight is read before the PDL wait: no kernel writes it, and read after the reduction it
+# would be one more memory round trip on a one-row step's critical path (``kernels/pdl.py``).
+# Not yet timed on the device (``decode_ab.py`` setting "gemv+pdl normweightlate").
+WEIGHT_FIRST = True
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -33,12 +38,15 @@ def _rms_norm_kernel(
     N: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    WEIGHT_FIRST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl.wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
+    if WEIGHT_FIRST:
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    pdl.wait(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
@@ -47,7 +55,8 @@ def _rms_norm_kernel(
     h = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(h * h, 0) / N + eps)
     normed = (h * rstd).to(x.dtype).to(tl.float32)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if not WEIGHT_FIRST:
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + offs, (normed * w).to(x.dtype), mask=mask)
 
 
@@ -84,6 +93,7 @@ def _launch(
             N=n,
             BLOCK=block,
             HAS_RESIDUAL=residual is not None,
+            WEIGHT_FIRST=WEIGHT_FIRST,
             PDL=m,
             num_warps=min(16, max(1, block // 512)),
             **pdl.launch_options(m),
