@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from fulcrum.attention.backend import AttentionMetadata
+from fulcrum.worker.precompile import compile_ahead
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +197,20 @@ class DecodeGraphs:
         self.block_tables.zero_()
         self._table = None
 
+    def _no_op_patch(self) -> None:
+        """The sampled-id patch before each replay (``kernels/scatter.py``), ids[0] = ids[0]:
+        it compiles at start-up, not at the first request."""
+        from fulcrum.kernels.scatter import gather_scatter
+
+        self.patch[:, :1].zero_()
+        gather_scatter(self.tokens[0], self.patch[:, :1], self.tokens[0])
+
+    def _warm_up(self) -> None:
+        """Every bucket's step once, and the patch: what capture launches."""
+        for b in reversed(self.sizes):
+            self._run_static(b)
+        self._no_op_patch()
+
     @torch.inference_mode()
     def capture(self) -> float:
         """Capture every bucket, largest first; returns the seconds it took."""
@@ -207,6 +222,7 @@ class DecodeGraphs:
                 g = EmulatedGraph(lambda b=b: self._run_static(b))
                 self.graphs[b], self.outputs[b] = g, g.output
         else:
+            compile_ahead(self._warm_up, "decode-graph capture")
             torch.cuda.synchronize(self.device)
             self.pool = torch.cuda.graph_pool_handle()
             for b in reversed(self.sizes):
@@ -216,12 +232,7 @@ class DecodeGraphs:
                 with torch.cuda.graph(g, pool=self.pool):
                     out = self._run_static(b)
                 self.graphs[b], self.outputs[b] = g, out
-            # The sampled-id patch before each replay (``kernels/scatter.py``) compiles now, not
-            # at the first request: a no-op patch, ids[0] = ids[0].
-            from fulcrum.kernels.scatter import gather_scatter
-
-            self.patch[:, :1].zero_()
-            gather_scatter(self.tokens[0], self.patch[:, :1], self.tokens[0])
+            self._no_op_patch()
             torch.cuda.synchronize(self.device)
         self.capture_time = time.perf_counter() - t0
         return self.capture_time

@@ -37,6 +37,7 @@ from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.cuda_graph import DecodeGraphs, HostStaging, capture_sizes
 from fulcrum.worker.input_batch import InputBuilder, ReqState
 from fulcrum.worker.piecewise_graph import PiecewiseGraphs, token_buckets
+from fulcrum.worker.precompile import compile_ahead
 from fulcrum.worker.sampler import Sampler, SamplingMetadata, greedy_argmax
 
 logger = logging.getLogger(__name__)
@@ -110,9 +111,10 @@ class ModelRunner:
     @torch.inference_mode()
     def _profile_cuda_blocks(self) -> int:
         """Run a maximal batch without a KV pool, then give the pool what utilisation allows."""
+        n = self.config.scheduler_config.max_num_batched_tokens
+        compile_ahead(lambda: self._dummy_forward(n), "KV profiling")
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        n = self.config.scheduler_config.max_num_batched_tokens
         self._dummy_forward(n)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
