@@ -216,13 +216,14 @@ class DecodeGraphs:
         """Capture every bucket, largest first; returns the seconds it took."""
         t0 = time.perf_counter()
         self._fill_padding()
+        if not self.emulate:
+            compile_ahead(self._warm_up, "decode-graph capture")
         self._run_static(self.max_batch)  # eager step at the largest batch: scratch grows now
         if self.emulate:
             for b in reversed(self.sizes):
                 g = EmulatedGraph(lambda b=b: self._run_static(b))
                 self.graphs[b], self.outputs[b] = g, g.output
         else:
-            compile_ahead(self._warm_up, "decode-graph capture")
             torch.cuda.synchronize(self.device)
             self.pool = torch.cuda.graph_pool_handle()
             for b in reversed(self.sizes):
