@@ -153,6 +153,9 @@ def main() -> None:
             )
     finally:
         graphs.replay = replay
+    # and back to back again, on the last step's inputs
+    runs = [round(g.replay_ms(graphs.graphs[1], 50), 4) for _ in range(4)]
+    g.emit("back_to_back_after_the_loop_ms", runs=runs)
 
 
 if __name__ == "__main__":
