@@ -84,11 +84,13 @@ class Attention(nn.Module):
         step's K/V rows written into ``kv_cache`` at ``slot_mapping`` -- by the projection's
         own kernel where it can (one row on CUDA), else by the backend after it."""
         a = self.a
-        rope = RopeKV(
-            positions, getattr(self.rope, "cos_sin_cache", None), kv_cache, slot_mapping,
-            a.num_heads, a.num_kv_heads, a.head_dim,
-        )  # fmt: skip
-        fused = norm_linear_rope(norm, self.qkv_proj, x, residual, rope)
+        fused = None
+        if x.shape[0] == 1:  # a one-row decode step
+            rope = RopeKV(
+                positions, getattr(self.rope, "cos_sin_cache", None), kv_cache, slot_mapping,
+                a.num_heads, a.num_kv_heads, a.head_dim,
+            )  # fmt: skip
+            fused = norm_linear_rope(norm, self.qkv_proj, x, residual, rope)
         qkv, residual = fused or norm_linear(norm, self.qkv_proj, x, residual)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, a.num_heads, a.head_dim)

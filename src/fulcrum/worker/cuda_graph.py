@@ -206,9 +206,12 @@ class DecodeGraphs:
         gather_scatter(self.tokens[0], self.patch[:, :1], self.tokens[0])
 
     def _warm_up(self) -> None:
-        """Every bucket's step once, and the patch: what capture launches."""
+        """The steps of the buckets up to 8 and of each power of two (the batch sizes where a
+        kernel's variant can change: its grid against the SM count, split or not), the largest,
+        and the patch. A variant this misses compiles in capture's own warm-up, as before."""
         for b in reversed(self.sizes):
-            self._run_static(b)
+            if b <= 8 or b & (b - 1) == 0 or b == self.max_batch:
+                self._run_static(b)
         self._no_op_patch()
 
     @torch.inference_mode()
