@@ -11,7 +11,9 @@ variant compiled.
 
 Only use it on passes whose Python does not depend on tensor values (no host syncs, no indices
 computed by a Triton kernel): the dry pass's tensors hold garbage. Any error in the dry pass is
-logged and ignored -- the real pass then compiles as it always did. ``FULCRUM_COMPILE_AHEAD=0``
+logged and ignored -- the real pass then compiles as it always did. The price, paid even when
+the cache is warm, is the dry pass's torch work: one profiling forward and a decode step per
+dry-run bucket (``DecodeGraphs._warm_up`` runs 10 of the 43). ``FULCRUM_COMPILE_AHEAD=0``
 turns it off.
 """
 
