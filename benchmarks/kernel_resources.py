@@ -97,7 +97,7 @@ def main_loop(sass: str) -> collections.Counter:
     )
 
 
-def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
+def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int, pre_wait: bool = False) -> str:
     block_n, warps, stages = cfg[:3]
     maxnreg = cfg[3] if len(cfg) > 3 else None
     kv_ty = "fp8e4nv" if kv == "fp8" else "bf16"
@@ -109,8 +109,9 @@ def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int) -> str:
         pointers |= dict(order_ptr="*i64", part_out_ptr="*fp32", part_lse_ptr="*fp32")
         mode = decode_mod.FP8_MODES[decode_mod.FP8_MODE] if fp8 else 0
         const = dict(
-            common, SPLIT=False, BLOCK_G=16, PRECISION="tf32", COMPUTE=tl.bfloat16,
-            FP8_MODE=mode, HAS_ORDER=True, V_TOKEN_MAJOR=fp8, PRE_WAIT=False,
+            common, SPLIT=pre_wait, BLOCK_G=16, PRECISION="tf32", COMPUTE=tl.bfloat16,
+            FP8_MODE=mode, HAS_ORDER=not pre_wait, V_TOKEN_MAJOR=fp8, PRE_WAIT=pre_wait,
+            PRE_WAIT_KV=pre_wait and not fp8 and decode_mod.PRE_WAIT_KV,
         )  # fmt: skip
     else:
         fn = prefill_mod._prefill_kernel
@@ -182,6 +183,12 @@ def main() -> None:
         "--rope", action="store_true", help="GEMV: rotary + K/V write in its epilogue (rope_gemv)"
     )
     p.add_argument("--kv", choices=["bf16", "fp8"], default="bf16", help="KV-cache dtype")
+    p.add_argument(
+        "--pre-wait",
+        action="store_true",
+        help="decode: the small-batch variant (<= PRE_WAIT_MAX_REQS requests, split) that reads "
+        "its inputs and first tile before the PDL wait",
+    )
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (Hopper)")
     p.add_argument(
         "--configs",
@@ -196,7 +203,7 @@ def main() -> None:
         if args.kernel == "gemv":
             print(report_gemv(args.weight, cfg, args.arch, args.silu, args.rope))
         else:
-            print(report(args.kernel, args.kv, cfg, args.arch))
+            print(report(args.kernel, args.kv, cfg, args.arch, args.pre_wait))
 
 
 if __name__ == "__main__":
