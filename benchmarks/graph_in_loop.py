@@ -6,6 +6,8 @@ own loop (graphs and asynchronous scheduling, as the ITL benchmark runs), one pr
                    (``decode_attention.SPLIT_EARLY`` off); ``replay_ms`` of each, interleaved;
                    then the engine graph with the engine's between-graph operations (inputs
                    copy, sampled-id patch, ids copy back) added one at a time, period per step
+    by token       the same graph and length with other input tokens, and with the token fed
+                   back from the graph's argmax (a torch copy) or rewritten by the patch kernel
     in the loop    CUDA events around each graph replay of a 1,000-token request's decode
                    steps: the graph's time, the period between replays, the device gap between
                    graphs (inputs, the sampled-id patch, the ids' copy back)
@@ -70,6 +72,57 @@ def main() -> None:
         "first_back_to_back_ms",
         runs=[round(g.replay_ms(graphs.graphs[1], 50), 4) for _ in range(4)],
     )
+    # 1a. does a step's time depend on its input token? The same graph, the same length, with
+    # the token row set to other ids (no operation between replays), then with the token fed
+    # back from the graph's own argmax, by a torch copy or by the patch kernel
+    from fulcrum.kernels.scatter import gather_scatter
+
+    graph1, tok = graphs.graphs[1], graphs.tokens[0, :1]
+    logits1, ids1 = graphs.outputs[1]
+    staged = tok.clone()
+    graph1.replay()
+    argmax_of_staged = ids1[:1].clone()
+
+    def probe(name: str, op=None) -> None:
+        graph1.replay()
+        torch.cuda.synchronize()
+        lg = logits1[:1].float()
+        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(50):
+            if op is not None:
+                op()
+            graph1.replay()
+        z.record()
+        z.synchronize()
+        g.emit(
+            "by_token_ms",
+            case=name,
+            ms=round(a.elapsed_time(z) / 50, 4),
+            token=int(tok.item()),
+            logits_finite=bool(lg.isfinite().all()),
+            logits_absmax=float(lg.abs().max()),
+        )
+
+    for name, value in (
+        ("staged", staged),
+        ("argmax of staged", argmax_of_staged),
+        ("0", 0),
+        ("1", 1),
+        ("12345", 12345),
+        ("98765", 98765),
+    ):
+        tok.copy_(value) if isinstance(value, torch.Tensor) else tok.fill_(value)
+        probe(f"fixed {name}")
+    tok.copy_(staged)
+    probe("fed back by a torch copy", lambda: tok.copy_(ids1[:1]))
+    tok.copy_(staged)
+    const = staged.clone()
+    probe("a torch copy of the staged token", lambda: tok.copy_(const))
+    rows = torch.zeros(2, 1, dtype=torch.int64, device=tok.device)
+    probe("patch kernel from a constant", lambda: gather_scatter(graphs.tokens[0], rows, const))
+    tok.copy_(staged)
+
     times: dict[str, list[float]] = {}
     kept = []
     for _ in range(args.rounds):
@@ -86,8 +139,6 @@ def main() -> None:
 
     # 1b. the engine graph with the engine's between-graph operations, added one at a time and
     # replayed back to back (no host in the loop): which of them the ~50 us goes with
-    from fulcrum.kernels.scatter import gather_scatter
-
     ids_host = torch.empty(1, dtype=torch.int64, pin_memory=True)
     patch = graphs.patch[:, :1]
     between = {

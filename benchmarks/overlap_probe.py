@@ -65,7 +65,7 @@ def main() -> None:
         torch.mm(act[rows], down.t())
 
     full, lo, hi = slice(0, b), slice(0, half), slice(half, b)
-    main_s, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side = torch.cuda.Stream()
 
     def sequential() -> None:
         for _ in range(args.layers):
@@ -80,6 +80,7 @@ def main() -> None:
             gemms(hi)
 
     def two_streams() -> None:
+        main_s = torch.cuda.current_stream()  # the capture stream while capturing
         side.wait_stream(main_s)
         with torch.cuda.stream(side):
             for _ in range(args.layers):
