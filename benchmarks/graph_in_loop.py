@@ -23,6 +23,7 @@ import os
 import random
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h200 as g  # noqa: E402
@@ -136,6 +137,33 @@ def main() -> None:
             times.setdefault(name, []).append(g.replay_ms(graph, 50))
     g.emit("back_to_back_ms", **{k: med(v) for k, v in times.items()})
     g.emit("back_to_back_ms_by_round", **{k: [round(x, 4) for x in v] for k, v in times.items()})
+
+    # 1c. what the graph's time follows: 50-replay runs back to back after one event of each
+    # kind, with the SM clock (MHz) and power (W) that NVML reports before and after
+    def nvml() -> tuple:
+        try:
+            return torch.cuda.clock_rate(), round(torch.cuda.power_draw() / 1000)
+        except Exception:  # noqa: BLE001  (no NVML on this host)
+            return None, None
+
+    def idle(seconds: float):
+        return lambda: (torch.cuda.synchronize(), time.sleep(seconds))
+
+    for name, event in (
+        ("back to back", lambda: None),
+        ("after a sync", torch.cuda.synchronize),
+        ("after an eager patch kernel", lambda: gather_scatter(graphs.tokens[0], rows, const)),
+        ("after a torch kernel", lambda: logits1.float()),
+        ("after an eager decode step", lambda: graphs._run_static(1)),
+        ("after 2 ms idle", idle(0.002)),
+        ("after 50 ms idle", idle(0.05)),
+        ("after 500 ms idle", idle(0.5)),
+        ("back to back again", lambda: None),
+    ):
+        before = nvml()
+        event()
+        runs = [round(g.replay_ms(graph1, 50), 4) for _ in range(6)]
+        g.emit("after_event_ms", case=name, runs=runs, clock_power_before=before, after=nvml())
 
     # 1b. the engine graph with the engine's between-graph operations, added one at a time and
     # replayed back to back (no host in the loop): which of them the ~50 us goes with

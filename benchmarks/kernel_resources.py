@@ -111,7 +111,6 @@ def report(kernel: str, kv: str, cfg: tuple[int, ...], arch: int, pre_wait: bool
         const = dict(
             common, SPLIT=pre_wait, BLOCK_G=16, PRECISION="tf32", COMPUTE=tl.bfloat16,
             FP8_MODE=mode, HAS_ORDER=not pre_wait, V_TOKEN_MAJOR=fp8, PRE_WAIT=pre_wait,
-            PRE_WAIT_KV=pre_wait and not fp8 and decode_mod.PRE_WAIT_KV,
         )  # fmt: skip
     else:
         fn = prefill_mod._prefill_kernel

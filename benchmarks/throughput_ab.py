@@ -15,8 +15,6 @@
     norope    rotary + the K/V write as their own kernel at batch 1 (gemv.FUSE_ROPE off)
     noprewait  decode attention at batch <= 4 reads its inputs after its PDL wait
               (decode_attention.PRE_WAIT_MAX_REQS = 0)
-    noprewaitkv  decode attention at batch <= 4 loads its first K/V tile after its PDL wait
-              (decode_attention.PRE_WAIT_KV off)
     nosplitearly  the decode split grid at batch <= 4 releases the reduce kernel at its exit
               (decode_attention.SPLIT_EARLY off)
     noargmax  the greedy argmax of a few rows on torch (kernels/argmax.py off)
@@ -99,10 +97,6 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         import fulcrum.kernels.decode_attention as da
 
         da.PRE_WAIT_MAX_REQS = 0
-    if name == "noprewaitkv":
-        import fulcrum.kernels.decode_attention as da
-
-        da.PRE_WAIT_KV = False
     if name == "nosplitearly":
         import fulcrum.kernels.decode_attention as da
 

@@ -124,19 +124,15 @@ def test_decode_min_split_tokens(min_split: int) -> None:
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("pre_kv", [True, False])
 @pytest.mark.parametrize("num_splits", [2, 4])
 def test_decode_reads_before_the_wait_give_the_same_rows(
-    num_splits: int, pre_kv: bool, monkeypatch: pytest.MonkeyPatch
+    num_splits: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Small batches read their request rows, lengths and first blocks before the PDL wait
-    (``PRE_WAIT_MAX_REQS``), and with ``PRE_WAIT_KV`` the first tile's K/V rows but the step's
-    own token, which they load after it: the same rows as the loop that reads everything after
-    the wait, with splits of several tiles, the last token in a first tile or a later one, a
-    split past a short context and a prefill row to skip."""
+    (``PRE_WAIT_MAX_REQS``): the same rows as the loop that reads them after it, with splits
+    of several tiles, a split past a short context and a prefill row to skip."""
     import fulcrum.kernels.decode_attention as mod
 
-    monkeypatch.setattr(mod, "PRE_WAIT_KV", pre_kv)
     g = torch.Generator().manual_seed(20 + num_splits)
     seq_lens, query_lens = [90, 7, 41], [1, 3, 1]
     cache, meta = make_paged_batch(seq_lens, query_lens, 2, 64, 4, generator=g)

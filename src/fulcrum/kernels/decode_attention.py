@@ -50,14 +50,6 @@ MAX_SPLITS = 32
 # was tuned for them. 0 turns it off. H200, batch 1 at a 1,000-token context (BENCHMARKS.md,
 # ninth session): graph replay 4.097 -> 4.076 ms (bf16), 3.426 -> 3.373 ms (FP8 weights + KV).
 PRE_WAIT_MAX_REQS = 4
-# There a program also loads its first tile's K/V rows before the wait, all but the step's own
-# token (which the kernel before this one writes): at batch 1 a split is one tile, so after the
-# wait only q, that one row and the arithmetic remain. 16-bit V layout only (not token-major).
-PRE_WAIT_KV = True
-# Held across the wait, a 64-token K and V tile take 128 registers a thread at 2 warps (ptxas:
-# 255 and a spill, ``kernel_resources.py --pre-wait``); at 4 warps, 162 and none, and batch 1's
-# 256 programs still all fit at once (3 per multiprocessor).
-PRE_WAIT_KV_WARPS = 4
 # There the split grid of a 16-bit cache (e.g. 32 splits x 8 kv heads at batch 1: 256 programs,
 # all resident at once at 4 per multiprocessor) also lets the reduce kernel launch before its
 # own wait (``pdl.mode(..., early=True)``), so the reduce's launch hides behind the splits:
@@ -87,26 +79,6 @@ GPU_CONFIG: dict[str, int] = {"block_n": 64, "num_warps": 2, "num_stages": 3}
 # 384 once V blocks became token-major (kv_cache.dtype).
 FP8_GPU_CONFIG: dict[str, int] = {"block_n": 64, "num_warps": 2, "num_stages": 6}
 INTERPRET_CONFIG: dict[str, int] = {"block_n": 16, "num_warps": 4, "num_stages": 1}
-
-
-@triton.jit
-def _attend_tile(q, k, v, mask_n, m_i, l_i, acc, scale_log2, PRECISION: tl.constexpr,
-                 FP8_MODE: tl.constexpr):  # fmt: skip
-    """One K/V tile of online softmax: the running max ``m_i``, sum ``l_i`` and output ``acc``
-    of the ``BLOCK_G`` query rows after the tile's ``mask_n`` tokens."""
-    if FP8_MODE != 2:
-        k = k.to(q.dtype)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-    s = tl.where(mask_n[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if FP8_MODE == 2:  # p in [0, 1] scaled by 256 so small weights keep FP8 precision
-        pv = tl.dot((p * 256.0).to(v.dtype), v) * (1.0 / 256.0)
-    else:
-        pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
-    return m_new, l_i, acc * alpha[:, None] + pv
 
 
 # The split count and the strides that scale with it are runtime values that Triton must not
@@ -155,7 +127,6 @@ def _decode_split_kernel(
     HAS_ORDER: tl.constexpr,
     V_TOKEN_MAJOR: tl.constexpr,  # V blocks [kv_head, d, page] (FP8); BLOCK_N % PAGE_SIZE == 0
     PRE_WAIT: tl.constexpr,  # read the step's inputs and the first tile's blocks before the wait
-    PRE_WAIT_KV: tl.constexpr,  # and the first tile's K/V rows (PRE_WAIT, not V_TOKEN_MAJOR)
     PDL: tl.constexpr,
 ):
     if not PRE_WAIT:
@@ -172,26 +143,18 @@ def _decode_split_kernel(
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_g = offs_g < GROUP
-    mask_d = offs_d < HEAD_DIM
     if PRE_WAIT:  # the step's inputs come from the host, before any kernel of the step: no
         # kernel before this one writes them, so their loads need not wait (``kernels/pdl.py``)
         offs_n0 = start + tl.arange(0, BLOCK_N)
         blk0 = tl.load(bt_row + offs_n0 // PAGE_SIZE, mask=offs_n0 < end, other=0).to(tl.int64)
-        if PRE_WAIT_KV:  # and the first tile's K/V rows before the step's own token: earlier
-            # steps wrote them (this step writes only position seq_len - 1 of a decode row)
-            old0 = (offs_n0 < end) & (offs_n0 < seq_len - 1) & is_decode
-            row0 = blk0 * stride_cb + (offs_n0 % PAGE_SIZE) * stride_co + kvh * stride_ch
-            kv0_off = row0[:, None] + offs_d[None, :]
-            kv0_mask = old0[:, None] & mask_d[None, :]
-            k0 = tl.load(k_cache_ptr + kv0_off, mask=kv0_mask, other=0.0)
-            v0 = tl.load(v_cache_ptr + kv0_off, mask=kv0_mask, other=0.0)
         pdl.wait(PDL)
     if not is_decode:
         return
 
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g = offs_g < GROUP
+    mask_d = offs_d < HEAD_DIM
     heads = kvh * GROUP + offs_g
     q_off = q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptr + q_off, mask=mask_g[:, None] & mask_d[None, :], other=0.0)
@@ -205,21 +168,10 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    loop_start = start
-    if PRE_WAIT_KV:  # the first tile, out of the loop: only the step's own token is left to load
-        if start < end:
-            new0 = (offs_n0 < end) & ~old0
-            new0_mask = new0[:, None] & mask_d[None, :]
-            k = tl.where(new0[:, None], tl.load(k_cache_ptr + kv0_off, mask=new0_mask), k0)
-            v = tl.where(new0[:, None], tl.load(v_cache_ptr + kv0_off, mask=new0_mask), v0)
-            m_i, l_i, acc = _attend_tile(
-                q, k, v, offs_n0 < end, m_i, l_i, acc, scale_log2, PRECISION, FP8_MODE
-            )
-        loop_start = start + BLOCK_N
-    for n0 in range(loop_start, end, BLOCK_N):
+    for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
-        if PRE_WAIT and not PRE_WAIT_KV:  # the first tile's blocks were read before the wait
+        if PRE_WAIT:  # the first tile's blocks were read before the wait
             first = n0 == start
             blk = tl.load(bt_row + offs_n // PAGE_SIZE, mask=mask_n & ~first, other=0)
             blk = tl.where(first, blk0, blk.to(tl.int64))
@@ -229,6 +181,14 @@ def _decode_split_kernel(
         kv_off = row[:, None] + offs_d[None, :]
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        if FP8_MODE != 2:
+            k = k.to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
         if V_TOKEN_MAJOR:
             v = load_v_token_major(
                 v_cache_ptr, bt_row, n0, end, kvh, stride_cb, offs_d, mask_d,
@@ -236,9 +196,12 @@ def _decode_split_kernel(
             )  # fmt: skip
         else:
             v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        m_i, l_i, acc = _attend_tile(
-            q, k, v, mask_n, m_i, l_i, acc, scale_log2, PRECISION, FP8_MODE
-        )
+        if FP8_MODE == 2:  # p in [0, 1] scaled by 256 so small weights keep FP8 precision
+            pv = tl.dot((p * 256.0).to(v.dtype), v) * (1.0 / 256.0)
+        else:
+            pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
 
     nonempty = l_i > 0.0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
@@ -398,8 +361,6 @@ def decode_attention(
         min_split_tokens = MIN_SPLIT_TOKENS if q.is_cuda else 0
     min_split = -(-min_split_tokens // block_n) * block_n
     small = num_splits > 1 and num_reqs <= PRE_WAIT_MAX_REQS
-    pre_kv = small and PRE_WAIT_KV and not v_token_major(kv_cache.dtype)
-    warps = max(cfg["num_warps"], PRE_WAIT_KV_WARPS) if pre_kv and q.is_cuda else cfg["num_warps"]
     early = small and SPLIT_EARLY and not is_fp8(kv_cache.dtype)
     m = pdl.mode(q, num_reqs * num_kv_heads * num_splits, early=early)
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
@@ -442,9 +403,8 @@ def decode_attention(
         HAS_ORDER=order is not None,
         V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
         PRE_WAIT=small,
-        PRE_WAIT_KV=pre_kv,
         PDL=m,
-        num_warps=warps,
+        num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         maxnreg=cfg.get("maxnreg"),
         **pdl.launch_options(m),

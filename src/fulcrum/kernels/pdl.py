@@ -28,9 +28,7 @@ writes, so each kernel still sees all writes of every kernel before it (the kern
 waited in turn), and never overwrites memory a kernel before it still reads. Reads before the
 wait touch only what no kernel writes during a step: weights (the GEMV's first tile, the norm's
 weight) and the step's inputs, copied from the host before its first kernel (decode
-attention's request rows, lengths and block tables), or what earlier steps wrote and no kernel
-of this step writes (a decode row's cached K/V before its new token: the step's first kernel,
-a plain launch, started after the previous step was done). A PDL kernel launches only after every
+attention's request rows, lengths and block tables). A PDL kernel launches only after every
 kernel before it has launched, and one without PDL (a copy, cuBLAS, torch) only after the work
 before it is done. Kernels outside fulcrum (cuBLAS, torch) keep their plain launches; a PDL
 kernel after one of them waits for it just the same.
