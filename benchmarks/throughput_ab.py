@@ -17,6 +17,8 @@
               (decode_attention.PRE_WAIT_MAX_REQS = 0)
     nosplitearly  the decode split grid at batch <= 4 releases the reduce kernel at its exit
               (decode_attention.SPLIT_EARLY off)
+    nographpatch  the previous step's sampled ids patched in by a launch before each decode
+              graph replay, not by the graph's first kernel (cuda_graph.PATCH_IN_GRAPH off)
     noargmax  the greedy argmax of a few rows on torch (kernels/argmax.py off)
     tile2048  qkv and o_proj's GEMV on the general bf16 tile (4, 2048, 4), not one K tile
     nopre     small Triton grids and the GEMV release the next kernel after their wait, not
@@ -101,6 +103,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         import fulcrum.kernels.decode_attention as da
 
         da.SPLIT_EARLY = False
+    if name == "nographpatch":
+        import fulcrum.worker.cuda_graph as cg
+
+        cg.PATCH_IN_GRAPH = False
     if name == "noargmax":
         from fulcrum.kernels import argmax
 

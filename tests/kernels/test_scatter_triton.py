@@ -20,3 +20,15 @@ def test_gather_scatter_matches_index_ops(n: int) -> None:
     ref = out.clone().index_copy_(0, dst_rows, src.index_select(0, src_rows))
     gather_scatter(out, idx[:, :n], src)
     assert torch.equal(out, ref)
+
+
+def test_gather_scatter_skips_rows_switched_off() -> None:
+    """A decode graph's patch has a fixed width: columns whose destination is -1 write nothing
+    (their source row may be anything)."""
+    out = torch.arange(10, dtype=torch.int64)
+    src = torch.arange(100, 108, dtype=torch.int64)
+    idx = torch.tensor([[3, -1, 7, -1, -1], [5, 999, 0, -7, 2]], dtype=torch.int64)
+    gather_scatter(out, idx, src)
+    want = torch.arange(10, dtype=torch.int64)
+    want[3], want[7] = 105, 100
+    assert torch.equal(out, want)

@@ -10,12 +10,28 @@ import pytest
 from fulcrum import LLM, SamplingParams
 
 
-def _greedy(llm: LLM, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
-    sps = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+def _greedy(
+    llm: LLM, prompts: list[list[int]], max_tokens: list[int], logprobs: int | None = None
+) -> list[list[int]]:
+    """Greedy tokens; the first request with ``logprobs`` (the sampler's path, not the argmax
+    alone, while it runs)."""
+    sps = [
+        SamplingParams(
+            temperature=0, max_tokens=m, ignore_eos=True, logprobs=logprobs if i == 0 else None
+        )
+        for i, m in enumerate(max_tokens)
+    ]
     return [o.outputs[0].token_ids for o in llm.generate(prompts, sps, use_tqdm=False)]
 
 
-def test_emulated_decode_graphs_match_eager(tiny_models):
+@pytest.mark.parametrize("patch_in_graph", [True, False])
+def test_emulated_decode_graphs_match_eager(tiny_models, patch_in_graph, monkeypatch):
+    """Replays give eager's tokens through shrinking buckets, with the previous step's ids
+    patched in by the graph itself or before it, and from the sampler (a request asking for
+    logprobs) or the graph's own argmax."""
+    import fulcrum.worker.cuda_graph as cg
+
+    monkeypatch.setattr(cg, "PATCH_IN_GRAPH", patch_in_graph)
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 320) for _ in range(rng.randrange(3, 40))] for _ in range(7)]
     max_tokens = [3 + 2 * i for i in range(7)]  # the batch shrinks through several buckets
@@ -28,8 +44,10 @@ def test_emulated_decode_graphs_match_eager(tiny_models):
     runner = llm.core.runner
     runner.capture_graphs(emulate=True)
     assert runner.use_cuda_graphs and runner.graphs.sizes == [1, 2, 4, 8]
+    assert runner.graphs.patch_in_graph == patch_in_graph
     assert _greedy(llm, prompts, max_tokens) == want
     assert runner.graphs.num_replays >= max(max_tokens) - 1
+    assert _greedy(llm, prompts, max_tokens, logprobs=2) == want
 
 
 def test_profiling_step_runs_on_both_backends(tiny_models):
@@ -38,8 +56,14 @@ def test_profiling_step_runs_on_both_backends(tiny_models):
     import torch
 
     for backend in ("torch", "triton"):
-        llm = LLM(tiny_models["llama"], device="cpu", dtype="float32", attention_backend=backend,
-                  max_num_batched_tokens=40, num_kv_blocks=16)
+        llm = LLM(
+            tiny_models["llama"],
+            device="cpu",
+            dtype="float32",
+            attention_backend=backend,
+            max_num_batched_tokens=40,
+            num_kv_blocks=16,
+        )
         with torch.inference_mode():
             llm.core.runner._dummy_forward(40)
             llm.core.runner._dummy_forward(3)

@@ -52,12 +52,15 @@ def _argmax_kernel(x_ptr, out_ptr, stride_x, V, CHUNK: tl.constexpr, PDL: tl.con
     tl.store(out_ptr + row, at.to(tl.int64))
 
 
-def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(-1)`` (first maximum on ties) for ``logits [n, V]``, ``n <= MAX_ROWS``."""
+def argmax_rows(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``logits.argmax(-1)`` (first maximum on ties) for ``logits [n, V]``, ``n <= MAX_ROWS``;
+    into ``out`` (int64 ``[n]``, contiguous) when given."""
     n, vocab = logits.shape
     if n > MAX_ROWS or logits.stride(-1) != 1:
         raise ValueError(f"argmax_rows: logits {tuple(logits.shape)}, at most {MAX_ROWS} rows")
-    out = torch.empty(n, dtype=torch.int64, device=logits.device)
+    if out is None:
+        out = torch.empty(n, dtype=torch.int64, device=logits.device)
+    assert out.shape == (n,) and out.dtype == torch.int64 and out.stride(0) == 1
     if n == 0:
         return out
     chunk = CHUNK if logits.is_cuda else INTERPRET_CHUNK

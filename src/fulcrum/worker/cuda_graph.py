@@ -11,12 +11,18 @@ one shared pool::
     │ patch  [2, B_max] int64 │ ── one copy ──► patch: rows of tokens[0] to fill from the
     └ seq_lens [B_max] int32  ┘                        previous step's sampled ids (on device)
                                                 seq_lens
+                                                sampled [B_max]: every graph's greedy ids
     table [n, width] int32 ── a copy when it ─► block_tables[:n, :width]   (rest: stale, unread)
     (the runner's staging)    changed (a new block)
                                                 query_start_loc = 0, 1, ..., B_max  (constant)
 
     rows:  0 .. n-1 real requests | n .. b-1 padding: id 0, position 0, slot -1 (KV not
            written), seq_len 0 (the decode kernel reads no KV and writes zeros)
+
+The patch is the graph's first kernel (``PATCH_IN_GRAPH``): rows ``patch[0, i] >= 0`` take
+``sampled[patch[1, i]]``, the ids the previous replay wrote; the rest are off (-1). When the
+previous step's tokens came from elsewhere (the sampler, an eager step), the runner fills them
+before the replay and stages every row off.
 
 Graphs are captured largest first so the smaller ones reuse the pool's memory, after one eager
 step at the largest bucket (it grows the decode kernel's split-KV scratch once, outside any
@@ -26,6 +32,7 @@ graph) and one eager warm-up per bucket (Triton compiles its variants outside ca
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -38,11 +45,14 @@ from fulcrum.worker.precompile import compile_ahead
 logger = logging.getLogger(__name__)
 
 MAX_CAPTURE_SIZE = 512
+# The sampled-id patch inside each graph rather than a launch between replays: on an H200 a
+# kernel between two replays made the next one ~80 us slower (BENCHMARKS.md, tenth session).
+# ``FULCRUM_GRAPH_PATCH=0`` turns it off.
+PATCH_IN_GRAPH = os.environ.get("FULCRUM_GRAPH_PATCH", "1") == "1"
 
-# forward(input_ids, positions, meta) -> (logits [num_tokens, vocab], greedy ids [num_tokens])
-DecodeForward = Callable[
-    [torch.Tensor, torch.Tensor, AttentionMetadata], tuple[torch.Tensor, torch.Tensor]
-]
+# forward(input_ids, positions, meta, out=None) -> (logits [num_tokens, vocab], greedy ids
+# [num_tokens], written into ``out`` when given)
+DecodeForward = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -145,6 +155,8 @@ class DecodeGraphs:
         self.patch = self._dev[3 * b : 5 * b].view(2, b)
         self.seq_lens = self._dev[5 * b :].view(torch.int32)[:b]
         self.block_tables = torch.zeros(b, max_blocks, dtype=torch.int32, device=dev)
+        self.patch_in_graph = PATCH_IN_GRAPH
+        self.sampled = torch.zeros(b, dtype=torch.int64, device=dev)
         self.query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=dev)
         # Host side: pinned staging of the same layout, filled through numpy views.
         self._host = pinned((words,), torch.int64, dev)
@@ -185,14 +197,27 @@ class DecodeGraphs:
         )
 
     def _run_static(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.forward(self.tokens[0, :b], self.tokens[1, :b], self._meta(b))
+        ids, pos = self.tokens[0, :b], self.tokens[1, :b]
+        if not self.patch_in_graph:
+            return self.forward(ids, pos, self._meta(b))
+        rows = self.patch[:, :b]
+        if self.device.type == "cuda":
+            from fulcrum.kernels.scatter import gather_scatter
+
+            gather_scatter(self.tokens[0], rows, self.sampled)
+        else:  # emulated replays: a boolean mask is fine off CUDA
+            on = rows[0] >= 0
+            ids.index_copy_(0, rows[0][on], self.sampled.index_select(0, rows[1][on]))
+        return self.forward(ids, pos, self._meta(b), out=self.sampled[:b])
 
     def _fill_padding(self) -> None:
-        """Every row a padding row: writes no KV, reads no KV."""
+        """Every row a padding row: writes no KV, reads no KV; every patch row off."""
         self.h_tokens[0] = 0
         self.h_tokens[1] = 0
         self.h_tokens[2] = -1
         self.h_seq_lens[:] = 0
+        self.h_patch[0] = -1
+        self.h_patch[1] = 0
         self._dev.copy_(self._host)
         self.block_tables.zero_()
         self._table = None
@@ -204,6 +229,7 @@ class DecodeGraphs:
 
         self.patch[:, :1].zero_()
         gather_scatter(self.tokens[0], self.patch[:, :1], self.tokens[0])
+        self.patch[0, :1] = -1  # off again, for any eager step before the first staging
 
     def _warm_up(self) -> None:
         """The steps of the buckets up to 8 and of each power of two (the batch sizes where a
@@ -253,7 +279,9 @@ class DecodeGraphs:
         src: list[int] | None = None,  # ... and their rows in its sampled ids
     ) -> int:
         """Copy one decode step of ``n`` requests into the static inputs; returns its bucket.
-        ``patch[:, :len(dst)]`` then holds ``dst``/``src`` on the device. The host buffers must
+        ``patch[:, :len(dst)]`` then holds ``dst``/``src`` on the device (with
+        ``patch_in_graph``, the graph fills those rows from ``sampled``: pass them only when
+        the previous step's tokens are the last replay's greedy ids). The host buffers must
         not change until the copies are done (the runner's staging fence, recorded after this
         call, guards them)."""
         n, width = table.shape
@@ -269,9 +297,12 @@ class DecodeGraphs:
         hs = self.h_seq_lens
         np.add(positions, 1, out=hs[:n], casting="unsafe")
         hs[n:b] = 0
-        if dst:
-            self.h_patch[0, : len(dst)] = dst
-            self.h_patch[1, : len(dst)] = src
+        k = len(dst) if dst else 0
+        if k:
+            self.h_patch[0, :k] = dst
+            self.h_patch[1, :k] = src
+        if self.patch_in_graph:
+            self.h_patch[0, k:b] = -1
         self._dev.copy_(self._host, non_blocking=True)
         rows = table.numpy()
         last = self._table

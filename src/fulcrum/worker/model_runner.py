@@ -84,6 +84,7 @@ class ModelRunner:
         self.use_cuda_graphs = False  # True once graphs are captured; benchmarks may toggle it
         # The last launched step's sampled ids (device) and each request's row in them.
         self._prev_sampled: torch.Tensor | None = None
+        self._graph_ids: torch.Tensor | None = None  # greedy ids of the last graph replay
         self._prev_rows: dict[str, int] = {}
         self.timings: dict[str, float] = {"weights_s": self.load_time}
 
@@ -183,10 +184,14 @@ class ModelRunner:
     # -- CUDA graphs --------------------------------------------------------------------------
 
     def _decode_logits(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
-        return logits, greedy_argmax(logits)
+        return logits, greedy_argmax(logits, out)
 
     def capture_graphs(self, emulate: bool = False) -> None:
         """Capture decode graphs for every bucket up to ``max_num_seqs`` (capped at 512).
@@ -318,11 +323,16 @@ class ModelRunner:
         slots = table.numpy()[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
         if self.use_cuda_graphs and self.graphs is not None and self.graphs.bucket(n):
             g = self.graphs
-            b = g.stage(ids, pos, slots, table, dst, src)  # the patch rows copied with the rest
-            if dst:
-                self._fill_sampled(g.tokens[0], g.patch[:, : len(dst)])
+            if g.patch_in_graph and self._prev_sampled is not self._graph_ids:
+                b = g.stage(ids, pos, slots, table)  # the graph's patch rows all off ...
+                self._patch(g.tokens[0], dst, src)  # ... the tokens came from elsewhere
+            else:
+                b = g.stage(ids, pos, slots, table, dst, src)  # patch rows copied with the rest
+                if dst and not g.patch_in_graph:
+                    self._fill_sampled(g.tokens[0], g.patch[:, : len(dst)])
             self._staging.fence()
-            return self.graphs.replay(b, n)
+            logits, self._graph_ids = g.replay(b, n)
+            return logits, self._graph_ids
         seq_lens = pos + 1
         st, dev = self._staging, self.device
         meta = AttentionMetadata(

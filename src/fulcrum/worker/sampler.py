@@ -58,24 +58,26 @@ def _token_counts(
     return counts[:, :vocab_size]
 
 
-def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """Row-wise argmax (first maximum on ties). A few rows on CUDA: one Triton launch
-    (``kernels/argmax.py``). Elsewhere, in two stages for small batches: a one-row reduction
-    over a 128k vocabulary runs on a single block, so split each row into chunks, reduce the
-    chunks in parallel, then pick among the chunk maxima."""
+def greedy_argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Row-wise argmax (first maximum on ties), into ``out`` (int64 ``[n]``) when given. A few
+    rows on CUDA: one Triton launch (``kernels/argmax.py``). Elsewhere, in two stages for small
+    batches: a one-row reduction over a 128k vocabulary runs on a single block, so split each
+    row into chunks, reduce the chunks in parallel, then pick among the chunk maxima."""
     n, vocab = logits.shape
     if use_triton(logits):
         from fulcrum.kernels import argmax
 
         if argmax.ENABLED and n <= argmax.MAX_ROWS and logits.stride(-1) == 1:
-            return argmax.argmax_rows(logits)
+            return argmax.argmax_rows(logits, out)
     chunks = next((c for c in (64, 48, 32, 16) if vocab % c == 0), 0)
     if n >= 32 or not chunks:
-        return logits.argmax(dim=-1)
-    width = vocab // chunks
-    vals, idx = logits.view(n, chunks, width).max(dim=-1)
-    best = vals.argmax(dim=-1, keepdim=True)  # first chunk holding the row maximum
-    return (best * width + idx.gather(1, best)).squeeze(1)
+        ids = logits.argmax(dim=-1)
+    else:
+        width = vocab // chunks
+        vals, idx = logits.view(n, chunks, width).max(dim=-1)
+        best = vals.argmax(dim=-1, keepdim=True)  # first chunk holding the row maximum
+        ids = (best * width + idx.gather(1, best)).squeeze(1)
+    return ids if out is None else out.copy_(ids)
 
 
 @dataclass
