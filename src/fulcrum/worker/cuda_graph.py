@@ -45,8 +45,9 @@ from fulcrum.worker.precompile import compile_ahead
 logger = logging.getLogger(__name__)
 
 MAX_CAPTURE_SIZE = 512
-# The sampled-id patch inside each graph rather than a launch between replays: on an H200 a
-# kernel between two replays made the next one ~80 us slower (BENCHMARKS.md, tenth session).
+# The sampled-id patch inside each graph rather than a launch between replays. On an H200 a
+# kernel launched between two replays made each replay ~80 us slower (an H2D copy there did
+# not); batch-1 ITL at a 1,000-token context 4.017 -> 3.928 ms (BENCHMARKS.md, tenth session).
 # ``FULCRUM_GRAPH_PATCH=0`` turns it off.
 PATCH_IN_GRAPH = os.environ.get("FULCRUM_GRAPH_PATCH", "1") == "1"
 
