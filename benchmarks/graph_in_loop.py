@@ -4,13 +4,17 @@ own loop (graphs and asynchronous scheduling, as the ITL benchmark runs), one pr
     back to back   the engine's start-up graph, a fresh capture of the same step (own pool and
                    the engine's pool), and a fresh capture with the split grid releasing at exit
                    (``decode_attention.SPLIT_EARLY`` off); ``replay_ms`` of each, interleaved;
-                   then the engine graph with the engine's between-graph operations (inputs
-                   copy, sampled-id patch, ids copy back) added one at a time, period per step
+                   then the engine graph with what the engine once ran between graphs
+                   (inputs copy, sampled-id patch, ids copy back) added one at a time, period
+                   per step (the patch now runs inside the graph: ``FULCRUM_GRAPH_PATCH=0``
+                   puts it back between them)
     by token       the same graph and length with other input tokens, and with the token fed
                    back from the graph's argmax (a torch copy) or rewritten by the patch kernel
+    after events   50-replay runs after a sync, idle, an eager launch or step, with NVML's SM
+                   clock and power
     in the loop    CUDA events around each graph replay of a 1,000-token request's decode
                    steps: the graph's time, the period between replays, the device gap between
-                   graphs (inputs, the sampled-id patch, the ids' copy back)
+                   graphs (the inputs' copy and the ids' copy back)
 
     python benchmarks/graph_in_loop.py [--rounds 4] [--steps 200]
     (Llama-3.1-8B shape, dummy weights, bf16; needs CUDA)
