@@ -174,6 +174,7 @@ class Driver:
         ]
         n_out, done, step_s, first_tok = 0, 0, [], None
         n_exec, by_kind = 0, {}  # kind -> [steps, seconds of whole engine steps]
+        nvml: dict[str, list[tuple[int, int]]] = {}  # kind -> (SM MHz, W) every 16th step
         retries0 = _alloc_retries()
         prompt0 = core.get_stats().prompt_tokens_total
         t0 = time.perf_counter()
@@ -190,6 +191,8 @@ class Driver:
                 by_kind.setdefault(kind, [0, 0.0])
                 by_kind[kind][0] += 1
                 by_kind[kind][1] += step_s[-1]
+                if n_exec % 16 == 0 and (sample := _clock_power()) is not None:
+                    nvml.setdefault(kind, []).append(sample)
             n_new = sum(len(o.new_token_ids) for o in outs.outputs)
             if n_new and first_tok is None:
                 first_tok = time.perf_counter() - t0
@@ -229,7 +232,25 @@ class Driver:
             "steps_by_kind": by_kind,
             "alloc_retries": _alloc_retries() - retries0,
             **stats,
-        }
+            **({"sm_mhz_and_watts_median": {k: _median_pair(v) for k, v in nvml.items()}}
+               if nvml else {}),
+        }  # fmt: skip
+
+
+def _clock_power() -> tuple[int, int] | None:
+    """The device's SM clock (MHz) and power draw (W) now, from NVML; None without it. A
+    compute-bound step that draws the power cap runs below the 1,980 MHz that 790 TFLOP/s
+    assumes."""
+    import torch
+
+    try:
+        return torch.cuda.clock_rate(), round(torch.cuda.power_draw() / 1000)
+    except Exception:  # noqa: BLE001  (no NVML here: pynvml missing, or no GPU)
+        return None
+
+
+def _median_pair(v: list[tuple[int, int]]) -> list[float]:
+    return [_median([a for a, _ in v]), _median([b for _, b in v])]
 
 
 def _alloc_retries() -> int:

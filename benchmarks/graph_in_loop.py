@@ -144,12 +144,6 @@ def main() -> None:
 
     # 1c. what the graph's time follows: 50-replay runs back to back after one event of each
     # kind, with the SM clock (MHz) and power (W) that NVML reports before and after
-    def nvml() -> tuple:
-        try:
-            return torch.cuda.clock_rate(), round(torch.cuda.power_draw() / 1000)
-        except Exception:  # noqa: BLE001  (no NVML on this host)
-            return None, None
-
     def idle(seconds: float):
         return lambda: (torch.cuda.synchronize(), time.sleep(seconds))
 
@@ -164,10 +158,16 @@ def main() -> None:
         ("after 500 ms idle", idle(0.5)),
         ("back to back again", lambda: None),
     ):
-        before = nvml()
+        before = g._clock_power()
         event()
         runs = [round(g.replay_ms(graph1, 50), 4) for _ in range(6)]
-        g.emit("after_event_ms", case=name, runs=runs, clock_power_before=before, after=nvml())
+        g.emit(
+            "after_event_ms",
+            case=name,
+            runs=runs,
+            clock_power_before=before,
+            after=g._clock_power(),
+        )
 
     # 1b. the engine graph with the engine's between-graph operations, added one at a time and
     # replayed back to back (no host in the loop): which of them the ~50 us goes with
