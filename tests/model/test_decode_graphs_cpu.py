@@ -45,8 +45,14 @@ def test_emulated_decode_graphs_match_eager(tiny_models, patch_in_graph, monkeyp
     runner.capture_graphs(emulate=True)
     assert runner.use_cuda_graphs and runner.graphs.sizes == [1, 2, 4, 8]
     assert runner.graphs.patch_in_graph == patch_in_graph
+    outside = []  # patches launched between steps (on CUDA: a kernel between two replays)
+    fill = runner._fill_sampled
+    monkeypatch.setattr(runner, "_fill_sampled", lambda *a: outside.append(1) or fill(*a))
     assert _greedy(llm, prompts, max_tokens) == want
-    assert runner.graphs.num_replays >= max(max_tokens) - 1
+    replays = runner.graphs.num_replays
+    assert replays >= max(max_tokens) - 1
+    # In the graph, only the first decode step (after the eager prefill) patches outside.
+    assert len(outside) == (1 if patch_in_graph else replays)
     assert _greedy(llm, prompts, max_tokens, logprobs=2) == want
 
 
