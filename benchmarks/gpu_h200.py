@@ -163,15 +163,17 @@ class Driver:
             self.steps.append((dt, *self._launched[-1]))
         return outs, dt
 
-    def run(self, reqs: list[tuple[list[int], int]], deadline: float) -> dict:
+    def run(
+        self, reqs: list[tuple[list[int], int]], deadline: float, sampling: dict | None = None
+    ) -> dict:
+        """Every request to completion (or the deadline); greedy unless ``sampling`` gives
+        other ``SamplingParams`` fields."""
         from fulcrum import SamplingParams
 
         llm, core = self.llm, self.llm.core
         self.steps.clear()
-        ids = [
-            llm._add(p, SamplingParams(temperature=0, max_tokens=o, ignore_eos=True))
-            for p, o in reqs
-        ]
+        kw = dict(temperature=0, ignore_eos=True) | (sampling or {})
+        ids = [llm._add(p, SamplingParams(max_tokens=o, **kw)) for p, o in reqs]
         n_out, done, step_s, first_tok = 0, 0, [], None
         n_exec, by_kind = 0, {}  # kind -> [steps, seconds of whole engine steps]
         nvml: dict[str, list[tuple[int, int]]] = {}  # kind -> (SM MHz, W) every 16th step
@@ -322,21 +324,27 @@ def phase_fulcrum(cap: float, kv_cache_dtype: str = "auto", fp8w: str | None = N
             emit(section.__name__, error=f"{type(e).__name__}: {e}"[:500])
 
 
+SAMPLED = dict(temperature=0.8, top_p=0.95, seed=0)  # a chat client's usual settings
+
+
 def bench_itl(drv: Driver, t_end: float) -> None:
     """b. Single stream at a 1,000-token context: CUDA graphs with and without asynchronous
-    scheduling, and eager (same engine)."""
+    scheduling, and eager (same engine), greedy; then graphs and asynchronous scheduling with
+    temperature and top-p sampling (the sampler runs after the graph)."""
     core = drv.llm.core
     runner = core.runner
     drv.run(workload(8, 300, 16, 99), t_end)  # warm-up: prefill and mixed-step variants
     default_async = core.async_scheduling
-    for i, (graphs, overlap) in enumerate(((True, True), (True, False), (False, True))):
+    cases = ((True, True, None), (True, False, None), (False, True, None), (True, True, SAMPLED))
+    for i, (graphs, overlap, sampling) in enumerate(cases):
         runner.use_cuda_graphs = graphs and runner.graphs is not None
         core.async_scheduling = overlap
-        r = drv.run(workload(1, 1000, 129, 1 + i), t_end)
+        r = drv.run(workload(1, 1000, 129, 1 + i), t_end, sampling)
         itl = _median([t for t, n, k, _ in drv.steps if n == k == 1]) * 1e3
         floor = decode_floor_s(1, 1064) * 1e3
         emit(
             "itl_1000ctx",
+            sampling="greedy" if sampling is None else "t0.8 top-p 0.95",
             cuda_graphs=runner.use_cuda_graphs,
             async_scheduling=overlap,
             step_ms=r["step_ms_median"],
