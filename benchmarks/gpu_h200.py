@@ -193,7 +193,7 @@ class Driver:
                 by_kind.setdefault(kind, [0, 0.0])
                 by_kind[kind][0] += 1
                 by_kind[kind][1] += step_s[-1]
-                if n_exec % 16 == 0 and (sample := _clock_power()) is not None:
+                if n_exec % 16 == 0 and (sample := clock_power()) is not None:
                     nvml.setdefault(kind, []).append(sample)
             n_new = sum(len(o.new_token_ids) for o in outs.outputs)
             if n_new and first_tok is None:
@@ -239,7 +239,7 @@ class Driver:
         }  # fmt: skip
 
 
-def _clock_power() -> tuple[int, int] | None:
+def clock_power() -> tuple[int, int] | None:
     """The device's SM clock (MHz) and power draw (W) now, from NVML; None without it. A
     compute-bound step that draws the power cap runs below the 1,980 MHz that 790 TFLOP/s
     assumes."""

@@ -158,7 +158,7 @@ def main() -> None:
         ("after 500 ms idle", idle(0.5)),
         ("back to back again", lambda: None),
     ):
-        before = g._clock_power()
+        before = g.clock_power()
         event()
         runs = [round(g.replay_ms(graph1, 50), 4) for _ in range(6)]
         g.emit(
@@ -166,11 +166,11 @@ def main() -> None:
             case=name,
             runs=runs,
             clock_power_before=before,
-            after=g._clock_power(),
+            after=g.clock_power(),
         )
 
     # 1b. the engine graph with the engine's between-graph operations, added one at a time and
-    # replayed back to back (no host in the loop): which of them the ~50 us goes with
+    # replayed back to back (no host in the loop): which of them the ~80 us goes with
     ids_host = torch.empty(1, dtype=torch.int64, pin_memory=True)
     patch = graphs.patch[:, :1]
     between = {
