@@ -19,7 +19,8 @@ from fulcrum.kernels import pdl
 
 # The weight is read before the PDL wait: no kernel writes it, and read after the reduction it
 # would be one more memory round trip on a one-row step's critical path (``kernels/pdl.py``).
-# Not yet timed on the device (``decode_ab.py`` setting "gemv+pdl normweightlate").
+# H200, batch 1 at a 1,000-token context: the step's graph 4.008 -> 3.972 ms (BENCHMARKS.md,
+# tenth session; ``decode_ab.py`` setting "gemv+pdl normweightlate").
 WEIGHT_FIRST = True
 
 
