@@ -36,10 +36,47 @@ def graph_time(fn, reps: int = 10) -> float:
     return g.replay_ms(g.capture_graph(fn), reps) / 1e3
 
 
+def sustained(m: int, lib: str, seconds: float) -> None:
+    """One step's GEMMs (one weight set per shape, each called as often as a step calls it)
+    replayed for ``seconds``: the rate a long run of compute-bound steps holds, and the SM clock
+    and power it holds it at (a step at the power cap runs below the clock the peak assumes)."""
+    dt = torch.bfloat16
+    torch.backends.cuda.preferred_blas_library(lib)
+    layer, head, flops = [], [], 0.0
+    for n, k, calls in SHAPES.values():
+        w = torch.randn(n, k, device="cuda", dtype=dt) / k**0.5
+        x = torch.randn(m, k, device="cuda", dtype=dt)
+        y = torch.empty(m, n, device="cuda", dtype=dt)
+        (layer if calls == LAYERS else head).append((x, w.t(), y))
+        flops += 2 * m * n * k * calls
+    ops = layer * LAYERS + head  # in a step's order: a layer's four GEMMs, then the LM head
+    graph = g.capture_graph(lambda: [torch.mm(x, wt, out=y) for x, wt, y in ops])
+    step_ms = g.replay_ms(graph, 2)
+    reps = max(3, int(seconds * 1e3 / step_ms))
+    first = g.replay_ms(graph, 3)
+    t = g.replay_ms(graph, reps) / 1e3
+    mhz_w = g.clock_power()
+    print(
+        f"M={m:<5d} sustained {lib} {reps} steps ({reps * t:.1f} s): {t * 1e3:7.2f} ms per step "
+        f"({first:.2f} ms fresh), {flops / t / PEAK:5.1%} of peak; SM MHz, W at the end: {mhz_w}",
+        flush=True,
+    )
+    ops.clear()
+    del graph
+    torch.cuda.empty_cache()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--m", type=int, nargs="+", default=[384, 8576], help="rows (tokens per step)")
     p.add_argument("--blas", nargs="+", default=["cublas", "cublaslt"], help="BLAS libraries")
+    p.add_argument(
+        "--sustain",
+        type=float,
+        default=0.0,
+        help="also replay each M's whole step of GEMMs (first BLAS) back to back for this many "
+        "seconds and report the rate with NVML's SM clock and power at the end (0: skip)",
+    )
     args = p.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  bf16  peak {PEAK / 1e12:.0f} TFLOP/s")
     dt = torch.bfloat16
@@ -61,6 +98,8 @@ def main() -> None:
             print(" | ".join(row), flush=True)
             ws.clear()
             torch.cuda.empty_cache()
+        if args.sustain > 0:
+            sustained(m, args.blas[0], args.sustain)
         for lib, t in totals.items():
             print(
                 f"M={m:<5d} step total {lib}: {t * 1e3:7.2f} ms  {flops_total / t / PEAK:5.1%} "
