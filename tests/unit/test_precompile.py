@@ -46,3 +46,42 @@ def test_compile_ahead_failure_is_logged_and_skipped(
     assert "Compiling ahead of KV profiling failed (no such kernel)" in caplog.text
     monkeypatch.setattr(precompile, "ENABLED", False)
     assert precompile.compile_ahead(boom, "x") is None  # switched off: not even tried
+
+
+def test_launchers_are_built_in_the_pool_and_failures_skipped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from triton.runtime import driver
+
+    built = []
+
+    def launcher(src, metadata):
+        if src == "bad":
+            raise RuntimeError("no C compiler")
+        built.append((src, metadata))
+
+    monkeypatch.setattr(driver, "_active", SimpleNamespace(launcher_cls=launcher), raising=False)
+    monkeypatch.setattr(type(driver), "active", property(lambda self: self._active), raising=False)
+    kernels = [SimpleNamespace(src=s, metadata=i) for i, s in enumerate(["a", "bad", "b"])]
+    with ThreadPoolExecutor(2) as pool:
+        precompile._build_launchers(pool, kernels)  # the failing one is logged, not raised
+        precompile._build_launchers(pool, [])  # nothing compiled: the driver is not touched
+    assert sorted(built) == [("a", 0), ("b", 2)]
+
+
+def test_decode_graph_dry_run_covers_the_buckets_below_each_power_of_two(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fulcrum.worker.cuda_graph import DecodeGraphs, capture_sizes
+
+    graphs = DecodeGraphs(None, capture_sizes(384), 8, 16, 4096, torch.device("cpu"))
+    ran = []
+    monkeypatch.setattr(graphs, "_run_static", ran.append)
+    monkeypatch.setattr(graphs, "_no_op_patch", lambda: None)
+    graphs._warm_up()
+    # <= 8; the powers of two; the bucket below each (56: one split, not yet sorted by context,
+    # the variant the capture loop compiled before); the largest
+    assert ran == [384, 256, 248, 128, 120, 64, 56, 32, 24, 16, 8, 4, 2, 1]

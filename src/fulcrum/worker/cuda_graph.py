@@ -26,7 +26,8 @@ before the replay and stages every row off.
 
 Graphs are captured largest first so the smaller ones reuse the pool's memory, after one eager
 step at the largest bucket (it grows the decode kernel's split-KV scratch once, outside any
-graph) and one eager warm-up per bucket (Triton compiles its variants outside capture).
+graph). Triton's variants are compiled before the loop, by compile-ahead's dry run
+(``CAPTURE_WARMUP``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ MAX_CAPTURE_SIZE = 512
 # not); batch-1 ITL at a 1,000-token context 4.017 -> 3.928 ms (BENCHMARKS.md, tenth session).
 # ``FULCRUM_GRAPH_PATCH=0`` turns it off.
 PATCH_IN_GRAPH = os.environ.get("FULCRUM_GRAPH_PATCH", "1") == "1"
+
+# The eager warm-up step before each bucket's capture, so that no Triton variant compiles
+# inside a capture. Where compile-ahead's dry run (which covers every variant class of the
+# buckets) succeeded it is skipped unless ``FULCRUM_CAPTURE_WARMUP=1``; a variant the dry run
+# still missed compiles in the capture itself, and the start-up log counts those. On an H200
+# the 43 warm-ups took 1.1 s of a 13.4 s cold start (BENCHMARKS.md, eleventh session).
+CAPTURE_WARMUP = os.environ.get("FULCRUM_CAPTURE_WARMUP", "0") == "1"
 
 # forward(input_ids, positions, meta, out=None) -> (logits [num_tokens, vocab], greedy ids
 # [num_tokens], written into ``out`` when given)
@@ -113,6 +121,31 @@ class HostStaging:
         return out.copy_(host.view(values.shape), non_blocking=True)
 
 
+class _CompileCounter:
+    """Counts the Triton kernel variants compiled (in-process cache misses) inside ``with``."""
+
+    def __enter__(self) -> _CompileCounter:
+        self.n, self.reprs = 0, []
+        try:
+            from triton import knobs
+        except ImportError:
+            self._knobs = None
+            return self
+        self._knobs, self._prev = knobs.runtime, knobs.runtime.jit_cache_hook
+
+        def hook(*args, **kwargs):
+            self.n += 1
+            self.reprs.append(str(kwargs.get("repr", "?")))
+            return self._prev(*args, **kwargs) if self._prev else False
+
+        self._knobs.jit_cache_hook = hook
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._knobs is not None:
+            self._knobs.jit_cache_hook = self._prev
+
+
 class EmulatedGraph:
     """Stands in for ``torch.cuda.CUDAGraph`` off CUDA: replay re-runs the captured function on
     the same static buffers, so the padding and buffer logic can be checked on the CPU."""
@@ -170,6 +203,8 @@ class DecodeGraphs:
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.pool = None
         self.capture_time = 0.0
+        self.warmup_time = 0.0  # seconds of eager warm-ups in the capture loop
+        self.compiled_in_loop = 0  # Triton variants compiled in the capture loop
         self.num_replays = 0
 
     def bucket(self, n: int) -> int | None:
@@ -233,11 +268,14 @@ class DecodeGraphs:
         self.patch[0, :1] = -1  # off again, for any eager step before the first staging
 
     def _warm_up(self) -> None:
-        """The steps of the buckets up to 8 and of each power of two (the batch sizes where a
-        kernel's variant can change: its grid against the SM count, split or not), the largest,
-        and the patch. A variant this misses compiles in capture's own warm-up, as before."""
-        for b in reversed(self.sizes):
-            if b <= 8 or b & (b - 1) == 0 or b == self.max_batch:
+        """The steps of the buckets up to 8, of each power of two and of the bucket below it
+        (the batch sizes where a kernel's variant can change: its grid against the SM count,
+        split or not, sorted by context from 64 requests up), the largest, and the patch. A
+        variant this misses compiles inside the capture loop (the log counts them)."""
+        sizes = self.sizes
+        for i in reversed(range(len(sizes))):
+            b, nxt = sizes[i], sizes[i + 1] if i + 1 < len(sizes) else 1
+            if b <= 8 or b & (b - 1) == 0 or nxt & (nxt - 1) == 0 or b == self.max_batch:
                 self._run_static(b)
         self._no_op_patch()
 
@@ -246,8 +284,7 @@ class DecodeGraphs:
         """Capture every bucket, largest first; returns the seconds it took."""
         t0 = time.perf_counter()
         self._fill_padding()
-        if not self.emulate:
-            compile_ahead(self._warm_up, "decode-graph capture")
+        ahead = None if self.emulate else compile_ahead(self._warm_up, "decode-graph capture")
         self._run_static(self.max_batch)  # eager step at the largest batch: scratch grows now
         if self.emulate:
             for b in reversed(self.sizes):
@@ -256,13 +293,21 @@ class DecodeGraphs:
         else:
             torch.cuda.synchronize(self.device)
             self.pool = torch.cuda.graph_pool_handle()
-            for b in reversed(self.sizes):
-                self._run_static(b)  # warm-up: Triton variants compile outside capture
-                torch.cuda.synchronize(self.device)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=self.pool):
-                    out = self._run_static(b)
-                self.graphs[b], self.outputs[b] = g, out
+            warm = CAPTURE_WARMUP or ahead is None
+            with _CompileCounter() as compiled:
+                for b in reversed(self.sizes):
+                    if warm:
+                        tw = time.perf_counter()
+                        self._run_static(b)  # Triton variants compile outside capture
+                        torch.cuda.synchronize(self.device)
+                        self.warmup_time += time.perf_counter() - tw
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=self.pool):
+                        out = self._run_static(b)
+                    self.graphs[b], self.outputs[b] = g, out
+            self.compiled_in_loop = compiled.n
+            for r in compiled.reprs:
+                logger.info("Compiled in the decode-graph capture loop: %s", r)
             self._no_op_patch()
             torch.cuda.synchronize(self.device)
         self.capture_time = time.perf_counter() - t0

@@ -216,11 +216,14 @@ class ModelRunner:
         self.graphs, self.use_cuda_graphs = graphs, True
         self.timings["graph_capture_s"] = dt
         logger.info(
-            "Captured %d decode graphs (batch %d..%d) in %.2f s",
+            "Captured %d decode graphs (batch %d..%d) in %.2f s (eager warm-ups %.2f s; "
+            "%d Triton variants compiled in the capture loop)",
             len(sizes),
             sizes[0],
             sizes[-1],
             dt,
+            graphs.warmup_time,
+            graphs.compiled_in_loop,
         )
 
     @staticmethod

@@ -6,14 +6,15 @@ variant before it runs, one after another. ``compile_ahead(fn)`` runs ``fn`` onc
 pass in which every Triton launch only hands its variant to a thread pool
 (``triton.AsyncCompileMode``; compiling releases the GIL for most of its time, and ptxas is a
 process of its own) and returns without running; torch operations run as usual on whatever the
-skipped kernels left in memory. Once every compile has finished, the real pass finds each
-variant compiled.
+skipped kernels left in memory. Once every compile has finished, each variant's host launcher
+(a small C module Triton builds with the C compiler) is built in the same pool, and the real
+pass finds both ready.
 
 Only use it on passes whose Python does not depend on tensor values (no host syncs, no indices
 computed by a Triton kernel): the dry pass's tensors hold garbage. Any error in the dry pass is
 logged and ignored -- the real pass then compiles as it always did. The price, paid even when
 the cache is warm, is the dry pass's torch work: one profiling forward and a decode step per
-dry-run bucket (``DecodeGraphs._warm_up`` runs 10 of the 43). ``FULCRUM_COMPILE_AHEAD=0``
+dry-run bucket (``DecodeGraphs._warm_up`` runs 14 of the 43). ``FULCRUM_COMPILE_AHEAD=0``
 turns it off.
 """
 
@@ -51,15 +52,15 @@ def compile_ahead(fn: Callable[[], object], what: str) -> int | None:
 
     t0 = time.perf_counter()
     try:
-        with (
-            ThreadPoolExecutor(workers, thread_name_prefix="triton-compile") as pool,
-            triton.AsyncCompileMode(pool, ignore_errors=True) as mode,
-        ):
-            JITFunction.run = compile_only
-            try:
-                fn()
-            finally:
-                JITFunction.run = run
+        with ThreadPoolExecutor(workers, thread_name_prefix="triton-compile") as pool:
+            with triton.AsyncCompileMode(pool, ignore_errors=True) as mode:
+                JITFunction.run = compile_only
+                try:
+                    fn()
+                finally:
+                    JITFunction.run = run
+            kernels = [fk.kernel for fk in mode.future_kernels.values() if fk.kernel is not None]
+            _build_launchers(pool, kernels)
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001  (an optimisation: the real pass compiles anyway)
         JITFunction.run = run
@@ -75,3 +76,20 @@ def compile_ahead(fn: Callable[[], object], what: str) -> int | None:
             workers,
         )
     return n
+
+
+def _build_launchers(pool: ThreadPoolExecutor, kernels: list) -> None:
+    """Build the host launcher of each compiled variant in ``pool``. Triton builds a variant's
+    launcher (a C module, compiled by the host's C compiler: ~0.3 s each) at its first launch,
+    on the launching thread, one after another; built here, the modules land in Triton's cache
+    where those first launches load them."""
+    if not kernels:
+        return
+    from triton.runtime import driver
+
+    launcher = driver.active.launcher_cls
+    for f in [pool.submit(launcher, k.src, k.metadata) for k in kernels]:
+        try:
+            f.result()
+        except Exception as e:  # noqa: BLE001  (the first launch builds it as before)
+            logger.debug("Building a Triton launcher ahead failed: %s", e)
