@@ -53,10 +53,10 @@ MAX_CAPTURE_SIZE = 512
 PATCH_IN_GRAPH = os.environ.get("FULCRUM_GRAPH_PATCH", "1") == "1"
 
 # The eager warm-up step before each bucket's capture, so that no Triton variant compiles
-# inside a capture. Where compile-ahead's dry run (which covers every variant class of the
-# buckets) succeeded it is skipped unless ``FULCRUM_CAPTURE_WARMUP=1``; a variant the dry run
-# still missed compiles in the capture itself, and the start-up log counts those. On an H200
-# the 43 warm-ups took 1.1 s of a 13.4 s cold start (BENCHMARKS.md, eleventh session).
+# inside a capture. Where compile-ahead's dry run ran, it is skipped unless
+# ``FULCRUM_CAPTURE_WARMUP=1``: a variant the dry run missed compiles in the capture itself,
+# and the start-up log counts those (0 on the H200 at Llama-8B shapes). There the 43 warm-ups
+# took 1.1 s of a 13.4 s cold start (BENCHMARKS.md, eleventh session).
 CAPTURE_WARMUP = os.environ.get("FULCRUM_CAPTURE_WARMUP", "0") == "1"
 
 # forward(input_ids, positions, meta, out=None) -> (logits [num_tokens, vocab], greedy ids
