@@ -16,6 +16,10 @@ watts and joules per replay, and its clock reading the SM MHz held meanwhile (me
     step@cfg   a decode step without its embedding: per layer norm, qkv, rotary + cache write,
                attention, o_proj, norm, gate_up, SiLU-and-mul, down; then the LM head
 
+Where the reads and both GEMM cases ran (``--gemm-m`` with 8,576), it also prints the floor of
+1,000 / 1,000 at the power cap (``workload_floor``): the cheapest read's joules per byte for
+the KV, the GEMMs' joules per row, and NVML's enforced power limit.
+
     PYTHONPATH=src python benchmarks/power_probe.py [--attn-configs 64,2,3 128,4,3] [--seconds 4]
 """
 
@@ -57,6 +61,37 @@ class Nvml:
 
     def mhz(self) -> int:
         return self.nv.nvmlDeviceGetClockInfo(self.h, self.nv.NVML_CLOCK_SM)
+
+    def cap_w(self) -> float:
+        return self.nv.nvmlDeviceGetEnforcedPowerLimit(self.h) / 1e3
+
+
+def workload_floor(
+    read_j_per_byte: float,
+    decode_gemm_j_per_row: float,
+    prefill_gemm_j_per_token: float,
+    cap_w: float,
+    n_in: int = 1000,
+    n_out: int = 1000,
+) -> dict:
+    """Seconds per request pair of the n_in / n_out workload, and output tok/s, if the device
+    spends its whole power cap: a decode token reads its context's KV (mean n_in + n_out / 2
+    tokens) at ``read_j_per_byte`` plus its row of a decode step's GEMMs; a prompt token costs
+    its row of a prefill step's GEMMs less the LM head (prefill runs it on one row per prompt)."""
+    layer = (HQ + 2 * HKV) * D * HIDDEN + HQ * D * HIDDEN + 3 * INTER * HIDDEN
+    head_share = VOCAB * HIDDEN / (LAYERS * layer + VOCAB * HIDDEN)
+    kv_bytes = 2 * LAYERS * HKV * D * 2  # per cached token, bf16
+    e_dec = (n_in + n_out / 2) * kv_bytes * read_j_per_byte + decode_gemm_j_per_row
+    e_pre = prefill_gemm_j_per_token * (1 - head_share)
+    seconds = (n_out * e_dec + n_in * e_pre) / cap_w
+    return {
+        "cap_w": cap_w,
+        "decode_token_mj": round(1e3 * e_dec, 2),
+        "decode_token_us": round(1e6 * e_dec / cap_w, 1),
+        "prompt_token_mj": round(1e3 * e_pre, 2),
+        "prompt_token_us": round(1e6 * e_pre / cap_w, 1),
+        "output_tok_s": round(n_out / seconds),
+    }
 
 
 def measure(nv: Nvml, name: str, graph, seconds: float) -> dict:
@@ -271,6 +306,16 @@ def main() -> None:
             del graph
         da.GPU_CONFIG.update(default)
     print("RESULTS", results, flush=True)
+    by = {r["case"]: r for r in results}
+    reads = [r for r in results if r["case"].startswith("read")]
+    dec, pre = by.get(f"gemm{b} cublas"), by.get("gemm8576 cublas")
+    if reads and dec and pre:  # the 1,000 / 1,000 workload's floor at this device's power cap
+        read_bytes = int(lens.sum()) * 2 * HKV * D * 2 * LAYERS
+        j_byte = min(r["joules_per_replay"] for r in reads) / read_bytes
+        floor = workload_floor(
+            j_byte, dec["joules_per_replay"] / b, pre["joules_per_replay"] / 8576, nv.cap_w()
+        )
+        print("FLOOR 1000/1000 at the power cap", floor, flush=True)
 
 
 if __name__ == "__main__":
