@@ -13,6 +13,7 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,21 +37,28 @@ def graph_time(fn, reps: int = 10) -> float:
     return g.replay_ms(g.capture_graph(fn), reps) / 1e3
 
 
-def sustained(m: int, lib: str, seconds: float) -> None:
-    """One step's GEMMs (one weight set per shape, each called as often as a step calls it)
-    replayed for ``seconds``: the rate a long run of compute-bound steps holds, and the SM clock
-    and power it holds it at (a step at the power cap runs below the clock the peak assumes)."""
-    dt = torch.bfloat16
-    torch.backends.cuda.preferred_blas_library(lib)
+def step_gemms(m: int, weight: Callable[[int, int], torch.Tensor]) -> tuple[Callable, float]:
+    """One step's weight GEMMs at ``m`` rows, in a step's order (a layer's four, 32 times, then
+    the LM head), one weight per shape made by ``weight(n, k)``: the function and its FLOPs."""
     layer, head, flops = [], [], 0.0
     for n, k, calls in SHAPES.values():
-        w = torch.randn(n, k, device="cuda", dtype=dt) / k**0.5
-        x = torch.randn(m, k, device="cuda", dtype=dt)
-        y = torch.empty(m, n, device="cuda", dtype=dt)
-        (layer if calls == LAYERS else head).append((x, w.t(), y))
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        (layer if calls == LAYERS else head).append((x, weight(n, k).t(), y))
         flops += 2 * m * n * k * calls
-    ops = layer * LAYERS + head  # in a step's order: a layer's four GEMMs, then the LM head
-    graph = g.capture_graph(lambda: [torch.mm(x, wt, out=y) for x, wt, y in ops])
+    ops = layer * LAYERS + head
+    return lambda: [torch.mm(x, wt, out=y) for x, wt, y in ops], flops
+
+
+def sustained(m: int, lib: str, seconds: float) -> None:
+    """One step's GEMMs replayed for ``seconds``: the rate a long run of compute-bound steps
+    holds, and the SM clock and power it holds it at (a step at the power cap runs below the
+    clock the peak assumes)."""
+    torch.backends.cuda.preferred_blas_library(lib)
+    fn, flops = step_gemms(
+        m, lambda n, k: torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    )
+    graph = g.capture_graph(fn)
     step_ms = g.replay_ms(graph, 2)
     reps = max(3, int(seconds * 1e3 / step_ms))
     first = g.replay_ms(graph, 3)
@@ -61,8 +69,7 @@ def sustained(m: int, lib: str, seconds: float) -> None:
         f"({first:.2f} ms fresh), {flops / t / PEAK:5.1%} of peak; SM MHz, W at the end: {mhz_w}",
         flush=True,
     )
-    ops.clear()
-    del graph
+    del graph, fn
     torch.cuda.empty_cache()
 
 

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gemm_bench  # noqa: E402
 import gpu_h200 as g  # noqa: E402
 
 import fulcrum.kernels.decode_attention as da  # noqa: E402
@@ -262,21 +263,14 @@ def main() -> None:
     )
     if "gemm" in cases:
         for m in args.gemm_m:
-            xs = {k: torch.randn(m, k, device="cuda", dtype=bf16) for k in (HIDDEN, INTER)}
-
-            def gemms(xs=xs):
-                for _ in range(LAYERS):
-                    for w in (w_qkv, w_o, w_gu, w_down):
-                        F.linear(xs[w.shape[1]], w)
-                F.linear(xs[HIDDEN], w_head)
-
+            gemms, _ = gemm_bench.step_gemms(m, weights)
             for lib in args.blas:
                 torch.backends.cuda.preferred_blas_library(lib)
                 graph = g.capture_graph(gemms)
                 results.append(measure(nv, f"gemm{m} {lib}", graph, args.seconds))
                 del graph
             torch.backends.cuda.preferred_blas_library("cublas")
-            del xs
+            del gemms
             torch.cuda.empty_cache()
     if "step" in cases:
         x = torch.randn(b, HIDDEN, device="cuda", dtype=bf16)
