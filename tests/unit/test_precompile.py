@@ -85,3 +85,17 @@ def test_decode_graph_dry_run_covers_the_buckets_below_each_power_of_two(
     # <= 8; the powers of two; the bucket below each (56: one split, not yet sorted by context,
     # the variant the capture loop compiled before); the largest
     assert ran == [384, 256, 248, 128, 120, 64, 56, 32, 24, 16, 8, 4, 2, 1]
+
+
+def test_decode_graph_dry_run_steps_every_dry_bucket_on_padding_rows() -> None:
+    from fulcrum.worker.cuda_graph import DecodeGraphs, capture_sizes
+
+    seen = []
+
+    def forward(ids, pos, meta, out=None):
+        seen.append((ids.shape[0], int(meta.slot_mapping.max()), int(meta.seq_lens.max())))
+        return None, None
+
+    DecodeGraphs(forward, capture_sizes(64), 8, 16, 4096, torch.device("cpu")).dry_run()
+    # every row padding: slot -1 (no KV written), length 0 (no KV read)
+    assert seen == [(b, -1, 0) for b in (64, 56, 32, 24, 16, 8, 4, 2, 1)]

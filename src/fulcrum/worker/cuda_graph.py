@@ -279,6 +279,12 @@ class DecodeGraphs:
                 self._run_static(b)
         self._no_op_patch()
 
+    def dry_run(self) -> None:
+        """The warm-up steps on padding rows, without capturing: for ``compile_ahead`` to
+        compile their variants (the runner's profiling pass, before the KV pool exists)."""
+        self._fill_padding()
+        self._warm_up()
+
     @torch.inference_mode()
     def capture(self) -> float:
         """Capture every bucket, largest first; returns the seconds it took."""

@@ -19,6 +19,7 @@ The host-side arrays (block-table rows kept per request, ids, positions, slots) 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -113,7 +114,7 @@ class ModelRunner:
     def _profile_cuda_blocks(self) -> int:
         """Run a maximal batch without a KV pool, then give the pool what utilisation allows."""
         n = self.config.scheduler_config.max_num_batched_tokens
-        compile_ahead(lambda: self._dummy_forward(n), "KV profiling")
+        compile_ahead(lambda: self._compile_pass(n), "KV profiling and decode-graph capture")
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         self._dummy_forward(n)
@@ -130,16 +131,32 @@ class ModelRunner:
             )
         return blocks
 
+    def _compile_pass(self, num_tokens: int) -> None:
+        """Profiling's step, then the decode graphs' dry-run steps over a scratch cache: under
+        ``compile_ahead`` their Triton variants compile in one parallel batch, before profiling
+        (capture's own compile-ahead then finds them compiled)."""
+        self._dummy_forward(num_tokens)
+        if self.attn_backend.name != "triton" or self.config.enforce_eager:
+            return
+        forward = functools.partial(self._decode_logits, kv_caches=self._scratch_cache())
+        sizes = capture_sizes(self.config.scheduler_config.max_num_seqs)
+        args = (self.max_blocks, self.block_size, self.max_model_len, self.device)
+        DecodeGraphs(forward, sizes, *args).dry_run()
+
+    def _scratch_cache(self) -> list[torch.Tensor]:
+        """A one-block KV cache per layer."""
+        mc = self.config.model_config
+        shape = (2, 1, self.block_size, mc.num_kv_heads, mc.head_dim)
+        return [
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
+            for _ in range(mc.num_layers)
+        ]
+
     def _dummy_forward(self, num_tokens: int) -> None:
         """A maximal step against a one-block scratch cache: one request with a block-long
         prompt (so the prefill kernels compile now, not at the first request) and single-token
         decode rows for the rest of the budget."""
-        mc = self.config.model_config
-        shape = (2, 1, self.block_size, mc.num_kv_heads, mc.head_dim)
-        scratch = [
-            torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-            for _ in range(mc.num_layers)
-        ]
+        scratch = self._scratch_cache()
         q_len = min(self.block_size, num_tokens)
         lens = [q_len] + [1] * (num_tokens - q_len)
         qsl = [0]
@@ -189,8 +206,10 @@ class ModelRunner:
         positions: torch.Tensor,
         meta: AttentionMetadata,
         out: torch.Tensor | None = None,
+        kv_caches: list[torch.Tensor] | None = None,  # None: the KV pool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
+        caches = self.kv_caches if kv_caches is None else kv_caches
+        logits = self.model.compute_logits(self.model(input_ids, positions, caches, meta))
         return logits, greedy_argmax(logits, out)
 
     def capture_graphs(self, emulate: bool = False) -> None:
