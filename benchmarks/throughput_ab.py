@@ -23,12 +23,13 @@
     tile2048  qkv and o_proj's GEMV on the general bf16 tile (4, 2048, 4), not one K tile
     nopre     small Triton grids and the GEMV release the next kernel after their wait, not
               before it (pdl.PRE_RELEASE off)
+    sortsampler  every sampled batch on the sorting sampler (the one-launch kernel off)
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
               (block_n,num_warps,num_stages[,maxnreg])
 
     python benchmarks/throughput_ab.py [--order new base cublaslt fp8@64,4,7,128] [--skip-long]
-        [--sections ttft,itl,128/128,1000/1000] [--max-num-batched-tokens 4096 8192]
+        [--sections ttft,itl,128/128,1000/1000,1000/1000-sampled] [--max-num-batched-tokens 4096 8192]
 
 Prints one RESULT line per measurement with its ``variant``.
 """
@@ -103,6 +104,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         import fulcrum.kernels.decode_attention as da
 
         da.SPLIT_EARLY = False
+    if name == "sortsampler":
+        import fulcrum.worker.sampler as sampler_mod
+
+        sampler_mod.FUSED_ENABLED = False
     if name == "nographpatch":
         import fulcrum.worker.cuda_graph as cg
 
@@ -134,8 +139,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
     if "itl" in sections:
         g.bench_itl(drv, t_end)
     plan = [("128/128", 1000, 128, 128), ("1000/1000", 1000, 1000, 1000)]
+    plan.append(("1000/1000-sampled", 1000, 1000, 1000))  # temperature 0.8, top-p 0.95
     for wl, n, n_in, n_out in (p for p in plan if p[0] in sections):
-        r = drv.run(g.workload(n, n_in, n_out, 7), t_end)
+        sampling = g.SAMPLED if wl.endswith("sampled") else None
+        r = drv.run(g.workload(n, n_in, n_out, 7), t_end, sampling)
         g.emit(
             "throughput",
             variant=name,

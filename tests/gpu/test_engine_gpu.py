@@ -149,7 +149,7 @@ def test_no_kernel_compiles_after_start_up(
 ) -> None:
     """Start-up (KV profiling, decode and piecewise graph capture) compiles every Triton kernel
     variant that serving needs: prompts of many lengths, chunked prefill and mixed steps at
-    several batch sizes launch no variant the process has not seen (a compile there would stall
+    several batch sizes, greedy and sampled, launch no variant the process has not seen (a compile there would stall
     a user's request for a second)."""
     from triton import knobs
 
@@ -166,6 +166,9 @@ def test_no_kernel_compiles_after_start_up(
     prompts = [torch.randint(5, 320, (m,), generator=g).tolist() for m in lens]
     for batch in (prompts[:1], prompts[3:4], prompts):
         _generate(llm, batch, [1 + 3 * (i % 5) for i in range(len(batch))], None)
+    sampled = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=4, ignore_eos=True)
+    for batch in (prompts[:1], prompts[:7]):  # the one-launch sampler, prefill and decode
+        llm.generate(batch, sampled, use_tqdm=False)
     assert not seen, f"{len(seen)} kernel variants compiled while serving: {seen}"
 
 

@@ -18,6 +18,7 @@ import torch
 from fulcrum.engine.protocol import WireSamplingParams
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.cuda_graph import HostStaging
+from fulcrum.worker.sampler import fused_sampling
 
 
 def plain_greedy(p: WireSamplingParams) -> bool:
@@ -41,6 +42,7 @@ class ReqState:
     row: np.ndarray  # int32 [capacity]; entries past ``filled`` are 0
     filled: int
     plain_greedy: bool
+    fused_sample: bool  # the one-launch sampler serves it (``sampler.fused_sampling``)
 
     def sync(self, blocks: list[int]) -> None:
         n = len(blocks)
@@ -94,7 +96,9 @@ class InputBuilder:
             st = get(r.key)
             if st is None or st.params is not r.params or st.blocks is not blocks:
                 row = np.zeros(max(self.max_blocks, len(blocks)), dtype=np.int32)
-                st = ReqState(r.params, blocks, row, 0, plain_greedy(r.params))
+                st = ReqState(
+                    r.params, blocks, row, 0, plain_greedy(r.params), fused_sampling(r.params)
+                )
                 self._states[r.key] = st
             if len(blocks) != st.filled:
                 st.sync(blocks)

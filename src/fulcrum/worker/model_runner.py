@@ -29,7 +29,7 @@ import torch
 
 from fulcrum.attention.backend import AttentionMetadata, get_backend_cls
 from fulcrum.config import EngineConfig
-from fulcrum.engine.protocol import Logprobs
+from fulcrum.engine.protocol import Logprobs, WireSamplingParams
 from fulcrum.engine.request import Request
 from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
 from fulcrum.model.layers.dispatch import use_triton
@@ -39,7 +39,7 @@ from fulcrum.worker.cuda_graph import DecodeGraphs, HostStaging, capture_sizes
 from fulcrum.worker.input_batch import InputBuilder, ReqState
 from fulcrum.worker.piecewise_graph import PiecewiseGraphs, token_buckets
 from fulcrum.worker.precompile import compile_ahead
-from fulcrum.worker.sampler import Sampler, SamplingMetadata, greedy_argmax
+from fulcrum.worker.sampler import Sampler, SamplingMetadata, greedy_argmax, sample_fused
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +181,16 @@ class ModelRunner:
             seq_lens_cpu=lens,
         )
         hidden = self.model(ids, pos, scratch, meta)
-        self.model.compute_logits(hidden[: self.config.scheduler_config.max_num_seqs]).float()
+        logits = self.model.compute_logits(hidden[: self.config.scheduler_config.max_num_seqs])
+        self._warm_sampler(logits)  # its variants compile with the rest
+        logits.float()  # the sorting sampler's copy, for the peak
+
+    def _warm_sampler(self, logits: torch.Tensor) -> None:
+        """Launch the one-launch sampler (``sampler.sample_fused``) on ``logits``, so that its
+        kernels compile at start-up rather than at the first sampled request."""
+        if use_triton(logits):
+            n = len(logits)
+            sample_fused(logits, [WireSamplingParams(top_p=0.9)] * n, [0] * n, [0] * n)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         mc = self.config.model_config
@@ -229,6 +238,12 @@ class ModelRunner:
             self.device,
             emulate=emulate,
         )
+        # the sampler runs after each replay: compiled now too (found compiled when KV profiling
+        # ran; the LM head of a zero row gives logits of the serving dtype and width)
+        hidden = torch.zeros(1, self.config.model_config.hf_config.hidden_size, device=self.device)
+        logits = self.model.compute_logits(hidden.to(self.dtype))
+        compile_ahead(lambda: self._warm_sampler(logits), "the sampler")
+        self._warm_sampler(logits)
         dt = self._capture(graphs, "decode")
         if dt is None:
             return
@@ -436,6 +451,10 @@ class ModelRunner:
         extra: list[torch.Tensor] = []
         if all(st.plain_greedy for st in states):
             sampled = greedy if greedy is not None else greedy_argmax(logits)
+        elif use_triton(logits) and all(st.fused_sample for st in states):
+            params = [st.params for st in states]
+            where = [r.num_computed_tokens for r in reqs]  # the sampled token's position
+            sampled = sample_fused(logits, params, [r.index for r in reqs], where)
         else:
             result = self.sampler(logits.float(), self._sampling_metadata(reqs))
             sampled = result.sampled_token_ids.to(torch.int64)

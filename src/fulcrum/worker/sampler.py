@@ -19,15 +19,20 @@ host → device, so nothing inside ``Sampler.forward`` waits for the device.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from fulcrum.engine.protocol import WireSamplingParams
 from fulcrum.model.layers.dispatch import use_triton
 from fulcrum.sampling_params import SamplingParams
 
 _PAD = -1  # placeholder in padded token-id tensors; remapped to an extra vocab column
+# The one-launch sampler (``kernels/sample.py``) on CUDA; ``FULCRUM_FUSED_SAMPLER=0`` keeps every
+# batch on the sorting sampler. Read when a request is admitted.
+FUSED_ENABLED = os.environ.get("FULCRUM_FUSED_SAMPLER", "1") == "1"
 
 
 def _to_device(data: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -78,6 +83,40 @@ def greedy_argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torc
         best = vals.argmax(dim=-1, keepdim=True)  # first chunk holding the row maximum
         ids = (best * width + idx.gather(1, best)).squeeze(1)
     return ids if out is None else out.copy_(ids)
+
+
+def fused_sampling(p: WireSamplingParams) -> bool:
+    """Whether ``kernels/sample.py`` draws this row's token by itself: temperature, top-p or
+    top-k (not both: top-p over the top-k set needs its mass) and min-p, seeded or not, with
+    no penalties, no min_tokens mask and no logprobs."""
+    return (
+        FUSED_ENABLED
+        and p.logprobs is None
+        and p.min_tokens == 0
+        and p.repetition_penalty == 1.0
+        and p.presence_penalty == 0.0
+        and p.frequency_penalty == 0.0
+        and not (p.top_k > 0 and p.top_p < 1.0)
+    )
+
+
+def sample_fused(
+    logits: torch.Tensor,
+    params: Sequence[WireSamplingParams],
+    indices: Sequence[int],
+    positions: Sequence[int],
+) -> torch.Tensor:
+    """One token per row in one launch, for rows that all pass ``fused_sampling``. A seeded
+    row's noise follows from its seed, its ``indices`` entry (its place among the request's n
+    samples) and ``positions`` entry (the sampled token's position)."""
+    from fulcrum.kernels.sample import pack_params, random_keys, sample_rows, seeded_key
+
+    keys = random_keys(len(params))
+    for i, p in enumerate(params):
+        if p.seed is not None:
+            keys[i] = seeded_key(p.seed, indices[i], positions[i])
+    rows = pack_params([[p.temperature, p.top_k, p.top_p, p.min_p] for p in params], keys)
+    return sample_rows(logits, _to_device(rows, torch.int32, logits.device))
 
 
 @dataclass

@@ -1,0 +1,57 @@
+"""The one-launch sampler (``kernels/sample.py``) inside the engine, on the CPU through
+Triton's interpreter: which batches it serves, and that it keeps what must not change."""
+
+from __future__ import annotations
+
+import pytest
+
+from fulcrum import LLM, SamplingParams
+
+
+def test_one_launch_sampler_serves_plain_sampling_batches(tiny_models, monkeypatch) -> None:
+    import fulcrum.worker.model_runner as mr
+
+    monkeypatch.setattr(mr, "use_triton", lambda t: True)  # the CUDA path, interpreted
+    calls: list[int] = []
+    real = mr.sample_fused
+    monkeypatch.setattr(mr, "sample_fused", lambda x, p, *a: calls.append(len(p)) or real(x, p, *a))
+    llm = LLM(tiny_models["llama"], device="cpu", dtype="float32", async_scheduling="on")
+    prompts = [[5, 17, 40, 9], [200, 3, 77], [8, 8, 8, 8, 8, 31]]
+    kw = dict(max_tokens=6, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, **kw)
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+    assert calls == []  # all greedy: the argmax alone
+    top1 = SamplingParams(temperature=0.9, top_k=1, **kw)  # keeps only the most likely token
+    nucleus = SamplingParams(temperature=0.8, top_p=0.9, min_p=0.05, **kw)
+    outs = llm.generate(prompts, [greedy, top1, nucleus], use_tqdm=False)
+    got = [o.outputs[0].token_ids for o in outs]
+    assert calls and max(calls) == 3  # prefill's and decode's steps, one launch each
+    assert got[0] == want[0] and got[1] == want[1]
+    vocab = llm.core.runner.vocab_size
+    assert len(got[2]) == 6 and all(0 <= t < vocab for t in got[2])
+    # a seeded request draws the same tokens alone and in a batch (its noise follows from its
+    # seed and positions), and another seed draws others
+    seeded = SamplingParams(temperature=1.0, seed=3, **kw)
+    alone = llm.generate(prompts[:1], seeded, use_tqdm=False)[0].outputs[0].token_ids
+    batch = llm.generate(prompts[::-1], [nucleus, top1, seeded], use_tqdm=False)  # 3rd: prompt 0
+    assert batch[2].outputs[0].token_ids == alone
+    other_seed = SamplingParams(temperature=1.0, seed=4, **kw)
+    assert llm.generate(prompts[:1], other_seed, use_tqdm=False)[0].outputs[0].token_ids != alone
+    # what the kernel does not do sends the whole batch to the sorting sampler
+    calls.clear()
+    for other in (
+        SamplingParams(temperature=0.8, top_k=20, top_p=0.9, **kw),
+        SamplingParams(temperature=0.8, logprobs=1, **kw),
+        SamplingParams(temperature=0.8, presence_penalty=0.5, **kw),
+    ):
+        llm.generate(prompts[:2], [nucleus, other], use_tqdm=False)
+    assert calls == []
+
+
+@pytest.mark.parametrize("params", [dict(top_k=5), dict(top_p=0.5), dict(min_p=0.2, seed=1)])
+def test_fused_eligibility_follows_the_params(params) -> None:
+    from fulcrum.engine.protocol import to_wire
+    from fulcrum.worker.sampler import fused_sampling
+
+    assert fused_sampling(to_wire(SamplingParams(temperature=0.7, **params), 8))
+    assert not fused_sampling(to_wire(SamplingParams(temperature=0.7, logprobs=1, **params), 8))
