@@ -1,5 +1,5 @@
 """Sampling a decode step's logits: the sorting sampler (``worker/sampler.py``: metadata,
-sort, softmax, cumulative sum, noise, argmax) against the one-launch kernel
+sort, softmax, cumulative sum, noise, argmax) against the sort-free kernels
 (``kernels/sample.py`` through ``sampler.sample_fused``), Llama-3's 128,256-token vocabulary,
 bf16 logits as the LM head writes them.
 

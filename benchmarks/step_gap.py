@@ -58,7 +58,7 @@ def main() -> None:
         runner.graphs,
         runner.execute_async,
         runner.graphs.replay,
-        runner._to_host,
+        runner.sampling.to_host,
     )
 
     def execute_async(out, tables):
@@ -77,7 +77,7 @@ def main() -> None:
         mark("e3")
         return res
 
-    runner.execute_async, graphs.replay, runner._to_host = execute_async, replay, to_host
+    runner.execute_async, graphs.replay, runner.sampling.to_host = execute_async, replay, to_host
     walls = []
     try:
         for _ in range(args.steps):
@@ -86,7 +86,11 @@ def main() -> None:
             walls.append(time.perf_counter() - t0)
         torch.cuda.synchronize()
     finally:
-        runner.execute_async, graphs.replay, runner._to_host = orig_exec, orig_replay, orig_host
+        runner.execute_async, graphs.replay, runner.sampling.to_host = (
+            orig_exec,
+            orig_replay,
+            orig_host,
+        )
     full = [m for m in marks if len(m) == 4]
     parts: dict[str, list[float]] = {"inputs": [], "graph": [], "output_copy": [], "gap": []}
     for m, nxt in zip(full, full[1:], strict=False):

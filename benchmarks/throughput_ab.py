@@ -23,7 +23,7 @@
     tile2048  qkv and o_proj's GEMV on the general bf16 tile (4, 2048, 4), not one K tile
     nopre     small Triton grids and the GEMV release the next kernel after their wait, not
               before it (pdl.PRE_RELEASE off)
-    sortsampler  every sampled batch on the sorting sampler (the one-launch kernel off)
+    sortsampler  every sampled batch on the sorting sampler (the sort-free kernels off)
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
               (block_n,num_warps,num_stages[,maxnreg])

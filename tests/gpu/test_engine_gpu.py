@@ -167,7 +167,7 @@ def test_no_kernel_compiles_after_start_up(
     for batch in (prompts[:1], prompts[3:4], prompts):
         _generate(llm, batch, [1 + 3 * (i % 5) for i in range(len(batch))], None)
     sampled = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=4, ignore_eos=True)
-    for batch in (prompts[:1], prompts[:7]):  # the one-launch sampler, prefill and decode
+    for batch in (prompts[:1], prompts[:7]):  # the sort-free sampler, prefill and decode
         llm.generate(batch, sampled, use_tqdm=False)
     assert not seen, f"{len(seen)} kernel variants compiled while serving: {seen}"
 

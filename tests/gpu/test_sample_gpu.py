@@ -1,4 +1,4 @@
-"""The one-launch sampler over Llama-3's 128,256-token vocabulary, on CUDA: its draws follow
+"""The sort-free sampler over Llama-3's 128,256-token vocabulary, on CUDA: its draws follow
 the sorting sampler's law (``worker/sampler.py``'s filters, then softmax)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The one-launch sampler (``kernels/sample.py``) inside the engine, on the CPU through
+"""The sort-free sampler (``kernels/sample.py``) inside the engine, on the CPU through
 Triton's interpreter: which batches it serves, and that it keeps what must not change."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from fulcrum import LLM, SamplingParams
 
 
 def test_one_launch_sampler_serves_plain_sampling_batches(tiny_models, monkeypatch) -> None:
-    import fulcrum.worker.model_runner as mr
+    import fulcrum.worker.step_sampling as mr
 
     monkeypatch.setattr(mr, "use_triton", lambda t: True)  # the CUDA path, interpreted
     calls: list[int] = []
@@ -25,7 +25,7 @@ def test_one_launch_sampler_serves_plain_sampling_batches(tiny_models, monkeypat
     nucleus = SamplingParams(temperature=0.8, top_p=0.9, min_p=0.05, **kw)
     outs = llm.generate(prompts, [greedy, top1, nucleus], use_tqdm=False)
     got = [o.outputs[0].token_ids for o in outs]
-    assert calls and max(calls) == 3  # prefill's and decode's steps, one launch each
+    assert calls and max(calls) == 3  # prefill's and decode's steps, one call each
     assert got[0] == want[0] and got[1] == want[1]
     vocab = llm.core.runner.vocab_size
     assert len(got[2]) == 6 and all(0 <= t < vocab for t in got[2])

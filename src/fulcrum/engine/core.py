@@ -28,7 +28,8 @@ from fulcrum.engine.protocol import (
 )
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.scheduler.scheduler import Scheduler
-from fulcrum.worker.model_runner import ModelRunner, StepHandle
+from fulcrum.worker.model_runner import ModelRunner
+from fulcrum.worker.step_sampling import StepHandle
 
 logger = logging.getLogger(__name__)
 

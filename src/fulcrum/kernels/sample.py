@@ -1,4 +1,4 @@
-"""Random sampling of logits rows in one launch, without sorting the vocabulary.
+"""Random sampling of logits rows without sorting the vocabulary: two launches.
 
 The general sampler (``worker/sampler.py``) filters a row by sorting it: temperature, a sort of
 the whole vocabulary, softmax, cumulative sum, scatter back, softmax again, exponential noise and

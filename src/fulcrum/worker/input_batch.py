@@ -42,7 +42,7 @@ class ReqState:
     row: np.ndarray  # int32 [capacity]; entries past ``filled`` are 0
     filled: int
     plain_greedy: bool
-    fused_sample: bool  # the one-launch sampler serves it (``sampler.fused_sampling``)
+    fused_sample: bool  # the sort-free sampler serves it (``sampler.fused_sampling``)
 
     def sync(self, blocks: list[int]) -> None:
         n = len(blocks)

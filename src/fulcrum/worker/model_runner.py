@@ -10,8 +10,8 @@ A step is launched without waiting on the device and collected later (``execute_
         ├─ prefill chunks / mixed, tokens <= piecewise_graph_max_tokens: replay the token
         │  bucket's segment graphs, attention eager between them (worker/piecewise_graph.py)
         └─ otherwise (larger steps, eager mode): async copies, eager forward
-    logits ─► all plain greedy: argmax │ else the Sampler (penalties, filters, logprobs)
-           ─► asynchronous device → host copy of the sampled ids (plus logprobs when asked)
+    logits ─► sampled ids, copied to the host asynchronously (worker/step_sampling.py: the
+              argmax, the sort-free sampling kernels, or the sorting Sampler)
 
 The host-side arrays (block-table rows kept per request, ids, positions, slots) are built in
 ``worker/input_batch.py``.
@@ -22,14 +22,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from fulcrum.attention.backend import AttentionMetadata, get_backend_cls
 from fulcrum.config import EngineConfig
-from fulcrum.engine.protocol import Logprobs, WireSamplingParams
+from fulcrum.engine.protocol import Logprobs
 from fulcrum.engine.request import Request
 from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
 from fulcrum.model.layers.dispatch import use_triton
@@ -39,21 +38,12 @@ from fulcrum.worker.cuda_graph import DecodeGraphs, HostStaging, capture_sizes
 from fulcrum.worker.input_batch import InputBuilder, ReqState
 from fulcrum.worker.piecewise_graph import PiecewiseGraphs, token_buckets
 from fulcrum.worker.precompile import compile_ahead
-from fulcrum.worker.sampler import Sampler, SamplingMetadata, greedy_argmax, sample_fused
+from fulcrum.worker.sampler import greedy_argmax
+from fulcrum.worker.step_sampling import StepHandle, StepSampler
 
 logger = logging.getLogger(__name__)
 
 _DEFAULT_CPU_KV_GIB = 2.0
-
-
-@dataclass
-class StepHandle:
-    """A launched step: its sampled ids (and logprobs) on their way to host memory."""
-
-    sampled: torch.Tensor  # host tensor [num sampled rows]
-    event: torch.cuda.Event | None  # set once the copies are done (None: already done)
-    logprobs: list[torch.Tensor] | None = None  # host (logprobs, ids, ranks)
-    reqs: list[Request] | None = None  # the sampled rows' requests (for logprobs)
 
 
 class ModelRunner:
@@ -69,8 +59,8 @@ class ModelRunner:
         self.attn_backend = backend_cls(num_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim**-0.5)
         torch.manual_seed(mc.seed)
         self.model, self.load_time = load_model(mc, self.attn_backend, self.device)
-        self.sampler = Sampler()
         self.vocab_size = mc.vocab_size
+        self.sampling = StepSampler(self.device, self.vocab_size)
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         sc = config.scheduler_config
@@ -182,15 +172,8 @@ class ModelRunner:
         )
         hidden = self.model(ids, pos, scratch, meta)
         logits = self.model.compute_logits(hidden[: self.config.scheduler_config.max_num_seqs])
-        self._warm_sampler(logits)  # its variants compile with the rest
+        self.sampling.warm(logits)  # its variants compile with the rest
         logits.float()  # the sorting sampler's copy, for the peak
-
-    def _warm_sampler(self, logits: torch.Tensor) -> None:
-        """Launch the one-launch sampler (``sampler.sample_fused``) on ``logits``, so that its
-        kernels compile at start-up rather than at the first sampled request."""
-        if use_triton(logits):
-            n = len(logits)
-            sample_fused(logits, [WireSamplingParams(top_p=0.9)] * n, [0] * n, [0] * n)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         mc = self.config.model_config
@@ -242,8 +225,8 @@ class ModelRunner:
         # ran; the LM head of a zero row gives logits of the serving dtype and width)
         hidden = torch.zeros(1, self.config.model_config.hf_config.hidden_size, device=self.device)
         logits = self.model.compute_logits(hidden.to(self.dtype))
-        compile_ahead(lambda: self._warm_sampler(logits), "the sampler")
-        self._warm_sampler(logits)
+        compile_ahead(functools.partial(self.sampling.warm, logits), "the sampler")
+        self.sampling.warm(logits)
         dt = self._capture(graphs, "decode")
         if dt is None:
             return
@@ -337,14 +320,7 @@ class ModelRunner:
 
     def collect(self, h: StepHandle) -> tuple[list[int], list[Logprobs | None] | None]:
         """Wait for a launched step; its sampled ids (and logprobs) as Python lists."""
-        if h.event is not None:
-            h.event.synchronize()
-        sampled = h.sampled.tolist()
-        if h.logprobs is None:
-            return sampled, None
-        lps, ids, ranks = (t.tolist() for t in h.logprobs)
-        assert h.reqs is not None
-        return sampled, self._logprobs(h.reqs, lps, ids, ranks)
+        return self.sampling.collect(h)
 
     def _decode_step(
         self,
@@ -443,62 +419,8 @@ class ModelRunner:
         states: list[ReqState],
         greedy: torch.Tensor | None = None,
     ) -> StepHandle:
-        """Sample on the device and start copying the result to the host."""
+        """Sample on the device and start copying the result to the host; the sampled ids stay
+        on the device for the next step's inputs."""
         self._prev_rows = {r.key: i for i, r in enumerate(reqs)}
-        if logits is None:  # prefill chunks only
-            self._prev_sampled = None
-            return StepHandle(torch.empty(0, dtype=torch.int64), None)
-        extra: list[torch.Tensor] = []
-        if all(st.plain_greedy for st in states):
-            sampled = greedy if greedy is not None else greedy_argmax(logits)
-        elif use_triton(logits) and all(st.fused_sample for st in states):
-            params = [st.params for st in states]
-            where = [r.num_computed_tokens for r in reqs]  # the sampled token's position
-            sampled = sample_fused(logits, params, [r.index for r in reqs], where)
-        else:
-            result = self.sampler(logits.float(), self._sampling_metadata(reqs))
-            sampled = result.sampled_token_ids.to(torch.int64)
-            if result.logprobs is not None:
-                extra = [result.logprobs, result.logprob_token_ids, result.sampled_ranks]
-        self._prev_sampled = sampled
-        host, event = self._to_host(sampled, *extra)
-        return StepHandle(host[0], event, host[1:] or None, reqs if extra else None)
-
-    def _to_host(
-        self, *tensors: torch.Tensor
-    ) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
-        """Start copying device tensors to (pinned) host memory; the event marks them done."""
-        if self.device.type != "cuda":  # copies too: graph outputs are overwritten by the next step
-            return [t.clone() for t in tensors], None
-        outs = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
-        for o, t in zip(outs, tensors, strict=True):
-            o.copy_(t, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return outs, event
-
-    def _sampling_metadata(self, reqs: list[Request]) -> SamplingMetadata:
-        for r in reqs:
-            if r.params.seed is not None and r.generator is None:
-                r.generator = torch.Generator(device=self.device).manual_seed(
-                    r.params.seed + r.index
-                )
-        return SamplingMetadata.build(
-            [r.params for r in reqs],
-            [r.generator for r in reqs],
-            [r.output_token_ids for r in reqs],
-            [r.prompt_token_ids for r in reqs],
-            self.vocab_size,
-            self.device,
-        )
-
-    @staticmethod
-    def _logprobs(reqs: list[Request], lps: list, ids: list, ranks: list) -> list[Logprobs | None]:
-        out: list[Logprobs | None] = []
-        for i, r in enumerate(reqs):
-            if r.params.logprobs is None:
-                out.append(None)
-                continue
-            k = r.params.logprobs
-            out.append(Logprobs(lps[i][0], ranks[i], ids[i][1 : k + 1], lps[i][1 : k + 1]))
-        return out
+        handle, self._prev_sampled = self.sampling.sample(logits, reqs, states, greedy)
+        return handle

@@ -30,7 +30,7 @@ from fulcrum.model.layers.dispatch import use_triton
 from fulcrum.sampling_params import SamplingParams
 
 _PAD = -1  # placeholder in padded token-id tensors; remapped to an extra vocab column
-# The one-launch sampler (``kernels/sample.py``) on CUDA; ``FULCRUM_FUSED_SAMPLER=0`` keeps every
+# The sort-free sampler (``kernels/sample.py``) on CUDA; ``FULCRUM_FUSED_SAMPLER=0`` keeps every
 # batch on the sorting sampler. Read when a request is admitted.
 FUSED_ENABLED = os.environ.get("FULCRUM_FUSED_SAMPLER", "1") == "1"
 
@@ -106,7 +106,7 @@ def sample_fused(
     indices: Sequence[int],
     positions: Sequence[int],
 ) -> torch.Tensor:
-    """One token per row in one launch, for rows that all pass ``fused_sampling``. A seeded
+    """One token per row, sort-free, for rows that all pass ``fused_sampling``. A seeded
     row's noise follows from its seed, its ``indices`` entry (its place among the request's n
     samples) and ``positions`` entry (the sampled token's position)."""
     from fulcrum.kernels.sample import pack_params, random_keys, sample_rows, seeded_key

@@ -1,0 +1,119 @@
+"""A step's logits to sampled ids on their way to the host, without waiting on the device::
+
+logits ─► every row plain greedy: argmax (the decode graph's own, when it ran one)
+       ─► every row one the sort-free kernels serve (``sampler.fused_sampling``: no
+          penalties, logprobs or min_tokens; not top-k with top-p): ``sample_fused``
+       ─► otherwise: the sorting ``Sampler`` (penalties, filters, seeds, logprobs)
+       ─► asynchronous device → host copy of the ids (plus logprobs when asked)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fulcrum.engine.protocol import Logprobs, WireSamplingParams
+from fulcrum.engine.request import Request
+from fulcrum.model.layers.dispatch import use_triton
+from fulcrum.worker.input_batch import ReqState
+from fulcrum.worker.sampler import Sampler, SamplingMetadata, greedy_argmax, sample_fused
+
+
+@dataclass
+class StepHandle:
+    """A launched step: its sampled ids (and logprobs) on their way to host memory."""
+
+    sampled: torch.Tensor  # host tensor [num sampled rows]
+    event: torch.cuda.Event | None  # set once the copies are done (None: already done)
+    logprobs: list[torch.Tensor] | None = None  # host (logprobs, ids, ranks)
+    reqs: list[Request] | None = None  # the sampled rows' requests (for logprobs)
+
+
+class StepSampler:
+    """Picks the sampler for a step's rows, launches it, and collects what it sampled."""
+
+    def __init__(self, device: torch.device, vocab_size: int) -> None:
+        self.device = device
+        self.vocab_size = vocab_size
+        self.sampler = Sampler()
+
+    def sample(
+        self,
+        logits: torch.Tensor | None,
+        reqs: list[Request],
+        states: list[ReqState],
+        greedy: torch.Tensor | None = None,
+    ) -> tuple[StepHandle, torch.Tensor | None]:
+        """The step's handle, and its sampled ids on the device (None: nothing sampled)."""
+        if logits is None:  # prefill chunks only
+            return StepHandle(torch.empty(0, dtype=torch.int64), None), None
+        extra: list[torch.Tensor] = []
+        if all(st.plain_greedy for st in states):
+            sampled = greedy if greedy is not None else greedy_argmax(logits)
+        elif use_triton(logits) and all(st.fused_sample for st in states):
+            params = [st.params for st in states]
+            where = [r.num_computed_tokens for r in reqs]  # the sampled token's position
+            sampled = sample_fused(logits, params, [r.index for r in reqs], where)
+        else:
+            result = self.sampler(logits.float(), self._metadata(reqs))
+            sampled = result.sampled_token_ids.to(torch.int64)
+            if result.logprobs is not None:
+                extra = [result.logprobs, result.logprob_token_ids, result.sampled_ranks]
+        host, event = self.to_host(sampled, *extra)
+        return StepHandle(host[0], event, host[1:] or None, reqs if extra else None), sampled
+
+    def collect(self, h: StepHandle) -> tuple[list[int], list[Logprobs | None] | None]:
+        """Wait for a launched step; its sampled ids (and logprobs) as Python lists."""
+        if h.event is not None:
+            h.event.synchronize()
+        sampled = h.sampled.tolist()
+        if h.logprobs is None:
+            return sampled, None
+        lps, ids, ranks = (t.tolist() for t in h.logprobs)
+        assert h.reqs is not None
+        return sampled, self._logprobs(h.reqs, lps, ids, ranks)
+
+    def warm(self, logits: torch.Tensor) -> None:
+        """Launch the sort-free sampler on ``logits``, so that its kernels compile at start-up
+        rather than at the first sampled request."""
+        if use_triton(logits):
+            n = len(logits)
+            sample_fused(logits, [WireSamplingParams(top_p=0.9)] * n, [0] * n, [0] * n)
+
+    def to_host(self, *tensors: torch.Tensor) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+        """Start copying device tensors to (pinned) host memory; the event marks them done."""
+        if self.device.type != "cuda":  # copies too: graph outputs are overwritten by the next step
+            return [t.clone() for t in tensors], None
+        outs = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+        for o, t in zip(outs, tensors, strict=True):
+            o.copy_(t, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return outs, event
+
+    def _metadata(self, reqs: list[Request]) -> SamplingMetadata:
+        for r in reqs:
+            if r.params.seed is not None and r.generator is None:
+                r.generator = torch.Generator(device=self.device).manual_seed(
+                    r.params.seed + r.index
+                )
+        return SamplingMetadata.build(
+            [r.params for r in reqs],
+            [r.generator for r in reqs],
+            [r.output_token_ids for r in reqs],
+            [r.prompt_token_ids for r in reqs],
+            self.vocab_size,
+            self.device,
+        )
+
+    @staticmethod
+    def _logprobs(reqs: list[Request], lps: list, ids: list, ranks: list) -> list[Logprobs | None]:
+        out: list[Logprobs | None] = []
+        for i, r in enumerate(reqs):
+            if r.params.logprobs is None:
+                out.append(None)
+                continue
+            k = r.params.logprobs
+            out.append(Logprobs(lps[i][0], ranks[i], ids[i][1 : k + 1], lps[i][1 : k + 1]))
+        return out
