@@ -18,19 +18,7 @@ import torch
 from fulcrum.engine.protocol import WireSamplingParams
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.cuda_graph import HostStaging
-from fulcrum.worker.sampler import fused_sampling
-
-
-def plain_greedy(p: WireSamplingParams) -> bool:
-    """Argmax is the whole sampler: greedy, no penalties, no min_tokens mask, no logprobs."""
-    return (
-        p.temperature == 0.0
-        and p.logprobs is None
-        and p.min_tokens == 0
-        and p.repetition_penalty == 1.0
-        and p.presence_penalty == 0.0
-        and p.frequency_penalty == 0.0
-    )
+from fulcrum.worker.sampler import fused_sampling, plain_greedy
 
 
 @dataclass

@@ -85,19 +85,27 @@ def greedy_argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torc
     return ids if out is None else out.copy_(ids)
 
 
-def fused_sampling(p: WireSamplingParams) -> bool:
-    """Whether ``kernels/sample.py`` draws this row's token by itself: temperature, top-p or
-    top-k (not both: top-p over the top-k set needs its mass) and min-p, seeded or not, with
-    no penalties, no min_tokens mask and no logprobs."""
+def _draw_only(p: WireSamplingParams) -> bool:
+    """No penalties, no min_tokens mask, no logprobs: the row's token is a draw and nothing else."""
     return (
-        FUSED_ENABLED
-        and p.logprobs is None
+        p.logprobs is None
         and p.min_tokens == 0
         and p.repetition_penalty == 1.0
         and p.presence_penalty == 0.0
         and p.frequency_penalty == 0.0
-        and not (p.top_k > 0 and p.top_p < 1.0)
     )
+
+
+def plain_greedy(p: WireSamplingParams) -> bool:
+    """Argmax is the whole sampler: greedy, and nothing but the draw."""
+    return p.temperature == 0.0 and _draw_only(p)
+
+
+def fused_sampling(p: WireSamplingParams) -> bool:
+    """Whether ``kernels/sample.py`` draws this row's token by itself: temperature, top-p or
+    top-k (not both: top-p over the top-k set needs its mass) and min-p, seeded or not, with
+    nothing but the draw."""
+    return FUSED_ENABLED and _draw_only(p) and not (p.top_k > 0 and p.top_p < 1.0)
 
 
 def sample_fused(

@@ -1,10 +1,12 @@
 """A step's logits to sampled ids on their way to the host, without waiting on the device::
 
-logits ─► every row plain greedy: argmax (the decode graph's own, when it ran one)
-       ─► every row one the sort-free kernels serve (``sampler.fused_sampling``: no
-          penalties, logprobs or min_tokens; not top-k with top-p): ``sample_fused``
-       ─► otherwise: the sorting ``Sampler`` (penalties, filters, seeds, logprobs)
-       ─► asynchronous device → host copy of the ids (plus logprobs when asked)
+    logits ─► every row plain greedy: argmax (the decode graph's own, when it ran one)
+           ─► every row served by the sort-free kernels (``sampler.fused_sampling``: no
+              penalties, logprobs or min_tokens; not top-k with top-p): ``sample_fused``
+           ─► otherwise: the sorting ``Sampler`` (penalties, filters, seeds, logprobs)
+           ─► asynchronous device → host copy of the ids (plus logprobs when asked)
+
+The runner keeps the sampled ids on the device: the next step's inputs are patched from them.
 """
 
 from __future__ import annotations
