@@ -50,7 +50,7 @@ def test_one_launch_sampler_serves_plain_sampling_batches(tiny_models, monkeypat
 
 @pytest.mark.parametrize("params", [dict(top_k=5), dict(top_p=0.5), dict(min_p=0.2, seed=1)])
 def test_fused_eligibility_follows_the_params(params) -> None:
-    from fulcrum.engine.protocol import to_wire
+    from fulcrum.protocol import to_wire
     from fulcrum.worker.sampler import fused_sampling
 
     assert fused_sampling(to_wire(SamplingParams(temperature=0.7, **params), 8))

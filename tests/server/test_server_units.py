@@ -8,7 +8,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from fulcrum.engine.protocol import SchedulerStats
+from fulcrum.protocol import SchedulerStats
 from fulcrum.entrypoints.openai.chat_template import ChatTemplateError, render_chat
 from fulcrum.entrypoints.openai.errors import OpenAIError, install_error_handlers
 from fulcrum.entrypoints.openai.metrics import ServerMetrics

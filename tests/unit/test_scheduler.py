@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fulcrum.config import CacheConfig, SchedulerConfig
-from fulcrum.engine.protocol import EngineCoreRequest, WireSamplingParams
+from fulcrum.protocol import EngineCoreRequest, WireSamplingParams
 from fulcrum.scheduler.scheduler import Scheduler
 
 

@@ -20,7 +20,7 @@ import logging
 import time
 
 from fulcrum.config import EngineConfig
-from fulcrum.engine.protocol import (
+from fulcrum.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,

@@ -65,7 +65,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def stream_reply(llm, messages: list[dict], params, write=sys.stdout.write) -> str:
     """Run one chat turn in-process, writing text as it is produced; returns the reply."""
-    from fulcrum.engine.protocol import EngineCoreRequest, to_wire
+    from fulcrum.protocol import EngineCoreRequest, to_wire
     from fulcrum.entrypoints.llm import resolve_max_tokens
 
     tok = llm.get_tokenizer()

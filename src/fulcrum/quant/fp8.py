@@ -26,7 +26,7 @@ from torch import nn
 
 from fulcrum.kernels import GEMV_MAX_M
 from fulcrum.kernels.quant_fp8 import FP8, per_token_quant_fp8_ref
-from fulcrum.model.layers.dispatch import use_triton
+from fulcrum.kernels.dispatch import use_triton
 from fulcrum.quant.base import QuantMethod, register_quant_method
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fulcrum.engine.request import Request
+from fulcrum.request import Request
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from fulcrum.config import SchedulerConfig
-from fulcrum.engine.request import Request
+from fulcrum.request import Request
 from fulcrum.kv_cache.manager import KVCacheManager
 
 

@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Iterable
 
 from fulcrum.config import CacheConfig, SchedulerConfig
-from fulcrum.engine.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
-from fulcrum.engine.request import Request, RequestStatus
+from fulcrum.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
+from fulcrum.request import Request, RequestStatus
 from fulcrum.kv_cache.manager import KVCacheManager
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.scheduler.policy import order_waiting

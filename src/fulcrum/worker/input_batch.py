@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fulcrum.engine.protocol import WireSamplingParams
+from fulcrum.protocol import WireSamplingParams
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.cuda_graph import HostStaging
 from fulcrum.worker.sampler import fused_sampling, plain_greedy

@@ -26,12 +26,13 @@ import time
 import numpy as np
 import torch
 
-from fulcrum.attention.backend import AttentionMetadata, get_backend_cls
+from fulcrum.attention.backend import AttentionMetadata
+from fulcrum.attention.selector import get_backend_cls
 from fulcrum.config import EngineConfig
-from fulcrum.engine.protocol import Logprobs
-from fulcrum.engine.request import Request
+from fulcrum.protocol import Logprobs
+from fulcrum.request import Request
 from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
-from fulcrum.model.layers.dispatch import use_triton
+from fulcrum.kernels.dispatch import use_triton
 from fulcrum.model.loader.weights import load_model
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.cuda_graph import DecodeGraphs, HostStaging, capture_sizes

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fulcrum.engine.protocol import Logprobs, WireSamplingParams
-from fulcrum.engine.request import Request
-from fulcrum.model.layers.dispatch import use_triton
+from fulcrum.protocol import Logprobs, WireSamplingParams
+from fulcrum.request import Request
+from fulcrum.kernels.dispatch import use_triton
 from fulcrum.worker.input_batch import ReqState
 from fulcrum.worker.sampler import Sampler, SamplingMetadata, greedy_argmax, sample_fused
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fulcrum.model.layers.dispatch import use_triton
+from fulcrum.kernels.dispatch import use_triton
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

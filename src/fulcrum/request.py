@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from fulcrum.engine.protocol import WireSamplingParams
+from fulcrum.protocol import WireSamplingParams
 
 
 class RequestStatus(enum.Enum):
