@@ -20,6 +20,7 @@ import logging
 import time
 
 from fulcrum.config import EngineConfig
+from fulcrum.model.loader.hf_config import generation_eos_token_ids
 from fulcrum.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -35,11 +36,13 @@ logger = logging.getLogger(__name__)
 
 
 def eos_token_ids(config: EngineConfig) -> set[int]:
-    hf = config.model_config.hf_config
-    eos = getattr(hf, "eos_token_id", None)
+    """The ids that end a sequence: ``config.json``'s EOS and ``generation_config.json``'s."""
+    mc = config.model_config
+    eos = getattr(mc.hf_config, "eos_token_id", None)
     ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    gen = getattr(config.model_config, "generation_eos", None)
-    return ids | set(gen or [])
+    if mc.load_format == "dummy":  # configs/ holds many architectures' files side by side
+        return ids
+    return ids | generation_eos_token_ids(mc.weights_path, mc.tokenizer_path)
 
 
 class EngineCore:
