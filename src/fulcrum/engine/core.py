@@ -97,8 +97,9 @@ class EngineCore:
             prev = None
         sched_out = self.scheduler.schedule()
         if not sched_out.is_empty:
-            tables = [self.scheduler.kv.block_table(r.key) for r, _ in sched_out.scheduled]
-            self._inflight = (sched_out, self.runner.execute_async(sched_out, tables))
+            self._inflight = (sched_out, self.runner.execute_async(sched_out))
+        elif sched_out.finished_req_ids:
+            self.runner.update_states(sched_out)
         if prev is not None:
             outputs += self._collect(prev)
         if self._inflight is not None and not self.async_scheduling:
@@ -109,7 +110,7 @@ class EngineCore:
         return EngineCoreOutputs(outputs=outputs, stats=self.get_stats(), timestamp=time.time())
 
     def _may_overlap(self) -> bool:
-        return self.async_scheduling and all(r.overlap_safe for r in self.scheduler.running)
+        return self.async_scheduling and self.scheduler.overlap_safe()
 
     def _collect(self, inflight: tuple[SchedulerOutput, StepHandle]) -> list[EngineCoreOutput]:
         sched_out, handle = inflight

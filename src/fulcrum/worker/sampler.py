@@ -122,7 +122,7 @@ def sample_fused(
     keys = random_keys(len(params))
     for i, p in enumerate(params):
         if p.seed is not None:
-            keys[i] = seeded_key(p.seed, indices[i], positions[i])
+            keys[i] = seeded_key(p.seed, indices[i], int(positions[i]))
     rows = pack_params([[p.temperature, p.top_k, p.top_p, p.min_p] for p in params], keys)
     return sample_rows(logits, _to_device(rows, torch.int32, logits.device))
 
