@@ -16,7 +16,6 @@ import msgspec
 
 from fulcrum.sampling_params import SamplingParams
 
-
 # The ``SamplingParams`` fields the core reads; text-level ones (stop strings, detokenization)
 # stay on the frontend. Types and defaults come from ``SamplingParams`` itself, except where
 # the wire holds a resolved value: ``max_tokens`` is resolved against the context limit and

@@ -113,6 +113,13 @@ def test_the_analyzer_does_not_import_the_server_or_the_benchmarks():
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_runner_never_sees_a_request():
+    """The scheduler's output carries what the runner needs; ``Request`` stays the scheduler's."""
+    graph = _graph()
+    users = sorted(m for m, deps in graph.items() if any(d.endswith(".request") for d in deps))
+    assert users and all(m.startswith("fulcrum.scheduler") for m in users), users
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from fulcrum.kernels import GEMV_MAX_M
-from fulcrum.kernels.quant_fp8 import FP8, per_token_quant_fp8_ref
 from fulcrum.kernels.dispatch import use_triton
+from fulcrum.kernels.quant_fp8 import FP8, per_token_quant_fp8_ref
 from fulcrum.quant.base import QuantMethod, register_quant_method
 
 

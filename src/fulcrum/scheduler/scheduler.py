@@ -19,9 +19,9 @@ from collections import deque
 from collections.abc import Iterable
 
 from fulcrum.config import CacheConfig, SchedulerConfig
+from fulcrum.kv_cache.manager import KVCacheManager
 from fulcrum.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
 from fulcrum.request import Request, RequestStatus
-from fulcrum.kv_cache.manager import KVCacheManager
 from fulcrum.scheduler.output import NewRequestData, SchedulerOutput
 from fulcrum.scheduler.policy import order_waiting
 

@@ -93,10 +93,12 @@ class InputBuilder:
         for req_id in out.finished_req_ids:
             held.pop(req_id, None)
         cached = out.scheduled_cached_reqs
-        states = [held[r] for r in cached.req_ids]
-        for st, blocks in zip(states, cached.new_block_ids, strict=True):
+        states: list[ReqState] = []
+        for req_id, blocks in zip(cached.req_ids, cached.new_block_ids, strict=True):
+            st = held[req_id]
             if blocks:
                 st.append_blocks(blocks)
+            states.append(st)
         for new in out.scheduled_new_reqs:
             p = new.sampling_params
             row = np.zeros(max(self.max_blocks, len(new.block_ids)), dtype=np.int32)

@@ -29,10 +29,10 @@ import torch
 from fulcrum.attention.backend import AttentionMetadata
 from fulcrum.attention.selector import get_backend_cls
 from fulcrum.config import EngineConfig
-from fulcrum.protocol import Logprobs
-from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
 from fulcrum.kernels.dispatch import use_triton
+from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
 from fulcrum.model.loader.weights import load_model
+from fulcrum.protocol import Logprobs
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.cuda_graph import DecodeGraphs, HostStaging, capture_sizes
 from fulcrum.worker.input_batch import InputBuilder, ReqState

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fulcrum.protocol import WireSamplingParams
 from fulcrum.kernels.dispatch import use_triton
+from fulcrum.protocol import WireSamplingParams
 from fulcrum.sampling_params import SamplingParams
 
 _PAD = -1  # placeholder in padded token-id tensors; remapped to an extra vocab column

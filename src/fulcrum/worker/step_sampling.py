@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fulcrum.protocol import Logprobs, WireSamplingParams
 from fulcrum.kernels.dispatch import use_triton
+from fulcrum.protocol import Logprobs, WireSamplingParams
 from fulcrum.worker.input_batch import ReqState
 from fulcrum.worker.sampler import Sampler, SamplingMetadata, greedy_argmax, sample_fused
 

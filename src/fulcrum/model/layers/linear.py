@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fulcrum.kernels import GEMV_MAX_M
-from fulcrum.model.layers.activation import silu_and_mul
 from fulcrum.kernels.dispatch import use_triton
+from fulcrum.model.layers.activation import silu_and_mul
 from fulcrum.model.layers.norm import RMSNorm
 
 
