@@ -1,4 +1,5 @@
-"""Engine-side request state: one ``Request`` per generated sequence (n > 1 makes n of them)."""
+"""A sequence as the scheduler tracks it: one ``Request`` per generated sequence (n > 1 makes n of
+them). It stays the scheduler's: the runner learns what it needs from ``SchedulerOutput``."""
 
 from __future__ import annotations
 
