@@ -26,16 +26,11 @@ from fulcrum.entrypoints.openai.errors import (
     too_many_requests,
     value_error,
 )
-from fulcrum.entrypoints.openai.protocol import (
-    MAX_STOP_LEN,
-    MAX_STOP_STRINGS,
-    SamplingRequest,
-)
+from fulcrum.entrypoints.openai.protocol import SamplingRequest
 from fulcrum.entrypoints.openai.request_log import RequestLog, RequestRecord
 from fulcrum.sampling_params import SamplingParams
 
 T = TypeVar("T")
-MAX_PROMPTS_PER_REQUEST = 256
 
 
 @dataclass
@@ -52,6 +47,8 @@ class ServeOptions:
     max_num_seqs: int = 256
     max_n: int = 16
     max_logprobs: int = 20
+    max_tokens_default: int | None = None  # chat output cap when a request sets none
+    max_tokens_limit: int | None = None  # largest max_tokens a request may ask for
     shutdown_timeout: float = 30.0
     log_requests_file: str | None = None
 
@@ -171,10 +168,19 @@ class OpenAIServing:
             raise model_not_found(model)
         return model
 
-    def check_admission(self, num_new: int) -> None:
-        """429 when the requests waiting for a batch slot would exceed --max-queued-requests."""
-        waiting_after = self.engine.num_in_flight + num_new - self.opts.max_num_seqs
-        if waiting_after > self.opts.max_queued_requests:
+    def check_admission(self, num_new_seqs: int) -> None:
+        """Count sequences (prompts x n): 429 when those waiting for a batch slot would exceed
+        --max-queued-requests, 400 when this request alone could never fit."""
+        capacity = self.opts.max_num_seqs + self.opts.max_queued_requests
+        if num_new_seqs > capacity:
+            raise bad_request(
+                f"This request asks for {num_new_seqs} sequences (prompts x n); the server "
+                f"runs at most {self.opts.max_num_seqs} and queues at most "
+                f"{self.opts.max_queued_requests} more.",
+                "n",
+                "too_many_sequences",
+            )
+        if self.engine.num_seqs_in_flight + num_new_seqs > capacity:
             raise too_many_requests(self.opts.max_queued_requests)
 
     def check_common(self, req: SamplingRequest) -> None:
@@ -186,13 +192,8 @@ class OpenAIServing:
             raise bad_request(
                 "stream_options is only allowed when stream is true.", "stream_options"
             )
-        stops = req.stop_list()
-        if len(stops) > MAX_STOP_STRINGS:
-            raise bad_request(f"stop holds at most {MAX_STOP_STRINGS} strings.", "stop")
-        if any(len(s) > MAX_STOP_LEN for s in stops):
-            raise bad_request(f"stop strings are at most {MAX_STOP_LEN} characters.", "stop")
         vocab = self.engine.vocab_size
-        if any(t < 0 or t >= vocab for t in req.stop_token_ids or []):
+        if any(t >= vocab for t in req.stop_token_ids or []):
             raise bad_request(f"stop_token_ids must be in [0, {vocab}).", "stop_token_ids")
 
     def check_logprobs(self, k: int | None, param: str) -> None:
@@ -208,7 +209,8 @@ class OpenAIServing:
     def resolve_max_tokens(
         self, num_prompt: int, requested: int | None, default: int | None, where: str
     ) -> int:
-        """Check prompt + output against the context; the default fills the remaining room."""
+        """Check prompt + output against the context and the server's cap. Without a request
+        value: ``default``, else --max-tokens-default, else the remaining room."""
         limit = self.engine.max_model_len
         if num_prompt == 0:
             raise bad_request("The prompt is empty.", "prompt" if where == "prompt" else "messages")
@@ -221,8 +223,16 @@ class OpenAIServing:
                 "context_length_exceeded",
             )
         room = limit - num_prompt
+        cap = self.opts.max_tokens_limit
         if requested is None:
-            return room if default is None else min(default, room)
+            fallback = default if default is not None else self.opts.max_tokens_default
+            fallback = min(x for x in (fallback, cap, room) if x is not None)
+            return fallback
+        if cap is not None and requested > cap:
+            raise bad_request(
+                f"max_tokens must be at most {cap} on this server, got {requested}.",
+                "max_tokens",
+            )
         if requested > room:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, you requested "

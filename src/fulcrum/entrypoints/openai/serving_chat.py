@@ -18,7 +18,8 @@ from fulcrum.entrypoints.openai.chat_template import (
     special_tokens_of,
 )
 from fulcrum.entrypoints.openai.errors import OpenAIError, bad_request, engine_dead, value_error
-from fulcrum.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
+from fulcrum.entrypoints.openai.messages import ChatMessage
+from fulcrum.entrypoints.openai.protocol import ChatCompletionRequest
 from fulcrum.entrypoints.openai.serving_base import (
     OpenAIServing,
     conversation_id,
@@ -33,13 +34,7 @@ _LONG_TEXT = 16_384  # characters; longer prompts are rendered and tokenized off
 
 
 def messages_as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    out = []
-    for m in messages:
-        d: dict[str, Any] = {"role": m.role, "content": m.text()}
-        if m.name is not None:
-            d["name"] = m.name
-        out.append(d)
-    return out
+    return [m.as_dict() for m in messages]
 
 
 class ServingChat(OpenAIServing):
@@ -112,7 +107,7 @@ class ServingChat(OpenAIServing):
         max_tokens = self.resolve_max_tokens(len(ids), requested, None, "messages")
         top_n = req.top_logprobs or 0
         params = self.sampling_params(req, max_tokens, top_n if req.logprobs else None)
-        self.check_admission(1)
+        self.check_admission(req.n)
         rid = self.new_request_id("chatcmpl")
         gen = self.engine.generate(
             rid,

@@ -14,8 +14,8 @@ from fulcrum.engine.async_engine import EngineDeadError
 from fulcrum.engine.outputs import CompletionOutput, RequestOutput
 from fulcrum.entrypoints.openai.errors import OpenAIError, bad_request, engine_dead, value_error
 from fulcrum.entrypoints.openai.protocol import CompletionRequest
+from fulcrum.entrypoints.openai.limits import MAX_PROMPTS_PER_REQUEST
 from fulcrum.entrypoints.openai.serving_base import (
-    MAX_PROMPTS_PER_REQUEST,
     OpenAIServing,
     conversation_id,
     merge_streams,
@@ -87,7 +87,7 @@ class ServingCompletions(OpenAIServing):
             self.resolve_max_tokens(len(ids), req.max_tokens, 16, "prompt") for _, ids in prompts
         ]
         params = [self.sampling_params(req, m, req.logprobs) for m in resolved]
-        self.check_admission(len(prompts))
+        self.check_admission(len(prompts) * req.n)
         base = self.new_request_id("cmpl")
         states = [
             _Prompt(f"{base}-{i}" if len(prompts) > 1 else base, text, ids)
