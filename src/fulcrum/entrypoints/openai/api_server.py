@@ -47,7 +47,6 @@ EngineFactory = Callable[[ServerMetrics], Awaitable[AsyncEngine]]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)
 }
-_SSE = {"text/event-stream": {"schema": {"type": "string"}}}
 
 
 def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
@@ -83,7 +82,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     @app.post(
         "/v1/chat/completions",
         response_model=ChatCompletionResponse,
-        responses={**_ERRORS, 200: {"content": _SSE}},
+        responses={**_ERRORS, 200: {"content": openapi.SSE}},
     )
     async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
         return await chat.create(body, raw)
@@ -91,7 +90,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     @app.post(
         "/v1/completions",
         response_model=CompletionResponse,
-        responses={**_ERRORS, 200: {"content": _SSE}},
+        responses={**_ERRORS, 200: {"content": openapi.SSE}},
     )
     async def create_completion(body: CompletionRequest, raw: Request) -> Response:
         return await completions.create(body, raw)

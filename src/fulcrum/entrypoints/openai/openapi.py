@@ -12,6 +12,24 @@ from fulcrum.entrypoints.openai.metrics import CONTENT_TYPE
 _ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
 _DEAD = {"description": "The engine process has stopped.", "content": _ERROR}
 
+# With "stream": true. Before OpenAPI 3.2's itemSchema, a text/event-stream schema describes one
+# event, which a client reads as {"data": ...}.
+SSE = {
+    "text/event-stream": {
+        "schema": {
+            "type": "object",
+            "properties": {
+                "data": {
+                    "type": "string",
+                    "description": "One chunk as JSON (the response object with deltas), an "
+                    '{"error": ...} object, or [DONE] last.',
+                }
+            },
+            "required": ["data"],
+        }
+    }
+}
+
 HEALTH: dict[int | str, dict[str, Any]] = {
     200: {"description": "The engine process is alive (also while draining); empty body."},
     503: _DEAD,
