@@ -12,9 +12,7 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
 
 from fulcrum import __version__
 from fulcrum.engine.async_engine import AsyncEngine
@@ -272,6 +270,26 @@ class OpenAIServing:
         except ValueError as e:
             raise value_error(e) from None
 
+    def submit(
+        self,
+        request_id: str,
+        ids: list[int],
+        params: SamplingParams,
+        prompt: str | None,
+        arrival: float,
+        req: SamplingRequest,
+    ) -> AsyncIterator[RequestOutput]:
+        """Hand one prompt to the engine; its outputs arrive through the returned iterator."""
+        return self.engine.generate(
+            request_id,
+            ids,
+            params,
+            prompt=prompt,
+            arrival_time=arrival,
+            cache_salt=req.cache_salt,
+            stream=req.stream,
+        )
+
     def new_request_id(self, prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -341,16 +359,3 @@ def usage_dict(num_prompt: int, num_completion: int, num_cached: int) -> dict[st
         "total_tokens": num_prompt + num_completion,
         "prompt_tokens_details": {"cached_tokens": num_cached},
     }
-
-
-async def respond(ctx: Any, source: Any, stream: bool) -> Response:
-    """Stream ``ctx.stream(source)`` as SSE (``ctx.cleanup`` runs after the response, also on a
-    disconnect), or return ``ctx.full(source)`` as one body."""
-    if stream:
-        return StreamingResponse(
-            ctx.stream(source),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-            background=BackgroundTask(ctx.cleanup),
-        )
-    return await ctx.full(source)
