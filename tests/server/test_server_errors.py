@@ -91,6 +91,7 @@ BAD_COMPLETION = [
     ({"suffix": "end"}, "suffix"),
     ({"max_tokens": -1}, "max_tokens"),
     ({"prompt": ["a"] * 300}, "prompt"),
+    ({"prompt": ["a"] * 256, "n": 16}, "n"),  # 4,096 sequences: more than the server holds
 ]
 
 
@@ -264,3 +265,10 @@ def test_health_and_metrics_bodies_match_the_schema(server: Server) -> None:
     assert schema["components"]["schemas"]["TokenizeRequest"]["properties"]["messages"][
         "anyOf"
     ][0]["minItems"] == 1
+    assert props["max_tokens"]["anyOf"][0]["maximum"] == MAX_MODEL_LEN - 1
+    # The token id bound is the served model's vocabulary: the largest id the schema allows
+    # detokenizes, the next one is refused.
+    tokens = schema["components"]["schemas"]["DetokenizeRequest"]["properties"]["tokens"]
+    top = tokens["items"]["maximum"]
+    assert server.request("POST", "/detokenize", {"tokens": [top]})[0] == 200
+    assert server.request("POST", "/detokenize", {"tokens": [top + 1]})[0] == 400

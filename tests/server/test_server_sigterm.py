@@ -160,6 +160,9 @@ def test_max_tokens_default_and_limit(small_server: Server) -> None:
         status, out = small_server.json("POST", path, {**body, **extra, "max_tokens": 1001})
         assert status == 400 and out["error"]["param"] == "max_tokens", out
         assert "at most 1000" in out["error"]["message"]
+    _, schema = small_server.json("GET", "/openapi.json")
+    props = schema["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert props["max_tokens"]["anyOf"][0]["maximum"] == 1000
 
 
 def test_queue_limit_counts_sequences(small_server: Server) -> None:

@@ -171,7 +171,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
         return JSONResponse({"version": __version__})
 
     app.add_middleware(ServerGuard, state=state)
-    openapi.install(app)
+    openapi.install(app, state)
     return app
 
 

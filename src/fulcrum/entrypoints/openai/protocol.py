@@ -21,7 +21,8 @@ from fulcrum.entrypoints.openai.limits import (
 from fulcrum.entrypoints.openai.messages import ChatMessage, OpenAIBaseModel
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-TokenId = Annotated[int, Field(ge=0, description="A token id, below the vocabulary size.")]
+TOKEN_ID_DESCRIPTION = "A token id, below the vocabulary size."
+TokenId = Annotated[int, Field(ge=0, description=TOKEN_ID_DESCRIPTION)]
 
 
 class StreamOptions(OpenAIBaseModel):
