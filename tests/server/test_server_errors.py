@@ -272,3 +272,16 @@ def test_health_and_metrics_bodies_match_the_schema(server: Server) -> None:
     top = tokens["items"]["maximum"]
     assert server.request("POST", "/detokenize", {"tokens": [top]})[0] == 200
     assert server.request("POST", "/detokenize", {"tokens": [top + 1]})[0] == 400
+
+
+def test_deep_json_near_the_parser_limit_is_never_500(server: Server) -> None:
+    # Around the depth where the JSON parser gives up: what it accepts, the request's checks
+    # (which walk free-form objects) must also get through.
+    for depth in range(930, 980, 5):
+        nested = b"[" * depth + b"]" * depth
+        raw = (
+            b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, '
+            b'"chat_template_kwargs": {"a": %s}}' % nested
+        )
+        status, data, _ = server.request("POST", "/v1/chat/completions", raw=raw)
+        assert status in (200, 400), (depth, data[:300])
