@@ -28,6 +28,7 @@ def _bounded_int(low: int, high: int | None) -> Any:
             raise argparse.ArgumentTypeError(f"must be at least {low}{top}, got {n}")
         return n
 
+    parse.__name__ = "int"  # argparse names the type in "invalid int value"
     return parse
 
 

@@ -127,21 +127,9 @@ def value_error(e: ValueError) -> OpenAIError:
     return bad_request(msg, param)
 
 
-# Error types that only say "not this type": with a union, every member that does not match adds
-# one, so the error worth reporting is another one (the member whose type matched).
-_TYPE_MISMATCH = frozenset(
-    {
-        "string_type",
-        "int_type",
-        "float_type",
-        "bool_type",
-        "list_type",
-        "dict_type",
-        "none_required",
-        "model_type",
-        "model_attributes_type",
-    }
-)
+# Error types that only say "not this type", and how to name the type. With a union, each member
+# that does not match adds one of these, so the error worth reporting is another one (the member
+# whose type matched), or, when none matched, a list of the types that would.
 _TYPE_NAMES = {
     "string_type": "a string",
     "int_type": "an integer",
@@ -153,6 +141,7 @@ _TYPE_NAMES = {
     "model_type": "an object",
     "model_attributes_type": "an object",
 }
+_TYPE_MISMATCH = frozenset(_TYPE_NAMES)
 _SUB_FIELD = re.compile(r"^(\[\d+\]|[a-z_]\w*)(\[\d+\])*(\.[a-z_]\w*(\[\d+\])*)*: ")
 _ROLES = frozenset(ROLES)
 
@@ -213,7 +202,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
             joined = field if not param else param + ("" if field[0] == "[" else ".") + field
             return f"{joined}: {msg[sub.end():]}", joined
     kinds = [e.get("type") for e in errors if _loc_to_param(tuple(e.get("loc", ()))) == param]
-    if len(set(kinds)) > 1 and all(k in _TYPE_NAMES for k in kinds):  # no union member matched
+    if len(set(kinds)) > 1 and all(k in _TYPE_MISMATCH for k in kinds):  # no member matched
         names = dict.fromkeys(_TYPE_NAMES[k] for k in kinds)
         msg = "Input should be " + " or ".join(names)
     where = f"'{param}'" if param else "request body"

@@ -1,7 +1,10 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic v2).
 
-Request models validate shapes and ranges; anything that needs the model (context length,
-vocabulary) is checked by the serving layer. Unknown fields are ignored, as OpenAI does.
+Request models validate shapes, ranges and types, strictly as OpenAI does (no boolean for a number);
+limits are Field constraints, so the OpenAPI schema states what validation enforces. Anything that
+needs the model or the server's flags (context length, vocabulary, --max-n) is checked by the
+serving layer, and openapi.py writes those bounds into the schema. Unknown fields are ignored, as
+OpenAI does.
 Response models document the API (OpenAPI schema); the hot streaming path builds plain dicts.
 """
 
@@ -106,7 +109,7 @@ class CompletionRequest(SamplingRequest):
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     max_tokens: int | None = Field(16, ge=1)
-    best_of: int | None = Field(None, ge=1, description="Must equal n when given.")
+    best_of: int | None = Field(None, ge=1, le=MAX_N, description="Must equal n when given.")
     suffix: str | None = Field(
         None, description="Not supported; must be empty.", json_schema_extra=_UNSUPPORTED_STR
     )
