@@ -126,6 +126,10 @@ def _guarded_app(**opts: object) -> tuple[FastAPI, ServerState]:
     async def health() -> JSONResponse:
         return JSONResponse({})
 
+    @app.get("/metrics")
+    async def metrics() -> JSONResponse:
+        return JSONResponse({})
+
     app.add_middleware(ServerGuard, state=state)
     return app, state
 
@@ -155,3 +159,17 @@ def test_guard_key_limit_and_drain() -> None:
         assert c.post("/v1/echo", content=b"x", headers=auth).status_code == 503
         assert c.get("/health").status_code == 200
         assert state.in_flight_http == 0
+
+
+@pytest.mark.parametrize("public", [False, True])
+def test_key_guards_metrics_and_docs_unless_public(public: bool) -> None:
+    from starlette.testclient import TestClient
+
+    app, _ = _guarded_app(api_key="k", public_endpoints=public)
+    with TestClient(app) as c:
+        for path in ("/metrics", "/openapi.json", "/docs", "/redoc"):
+            status = c.get(path).status_code
+            assert status == (200 if public else 401), path
+            assert c.get(path, headers={"Authorization": "Bearer k"}).status_code == 200, path
+        assert c.get("/health").status_code == 200
+        assert c.post("/v1/echo", content=b"x").status_code == 401

@@ -45,6 +45,7 @@ class ServeOptions:
     served_model_names: list[str]
     model_root: str | None = None
     api_key: str | None = None
+    public_endpoints: bool = False  # /metrics and the API docs open despite api_key
     trust_request_chat_template: bool = False
     chat_template: str | None = None  # overrides the model's template
     max_request_bytes: int = 8 * 1024 * 1024
