@@ -127,7 +127,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
                 messages=body.messages, add_generation_prompt=body.add_generation_prompt
             )
             try:
-                _, ids = chat.render(req, messages_as_dicts(body.messages))
+                _, ids = await chat.render(req, messages_as_dicts(body.messages))
             except ChatTemplateError as e:
                 raise E.value_error(e) from None
         else:

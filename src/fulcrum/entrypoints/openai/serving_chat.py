@@ -14,7 +14,7 @@ from fulcrum.engine.async_engine import EngineDeadError
 from fulcrum.engine.outputs import RequestOutput
 from fulcrum.entrypoints.openai.chat_template import (
     ChatTemplateError,
-    render_chat,
+    render_chat_async,
     special_tokens_of,
 )
 from fulcrum.entrypoints.openai.errors import OpenAIError, bad_request, engine_dead, value_error
@@ -29,7 +29,7 @@ from fulcrum.entrypoints.openai.serving_base import (
 )
 from fulcrum.entrypoints.openai.sse import DONE, chat_logprobs, encode_json, sse_error, sse_event
 
-_LONG_TEXT = 16_384  # characters; longer prompts are rendered and tokenized off the event loop
+_LONG_TEXT = 16_384  # characters; longer prompts are tokenized off the event loop
 
 
 def messages_as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -59,10 +59,13 @@ class ServingChat(OpenAIServing):
             raise bad_request("messages: the model has no chat template.", "messages")
         return template
 
-    def render(
+    async def render(
         self, req: ChatCompletionRequest, messages: list[dict[str, Any]]
     ) -> tuple[str, list[int]]:
-        """Rendered prompt text and its token ids (the template holds the special tokens)."""
+        """Rendered prompt text and its token ids (the template holds the special tokens).
+
+        The template renders in its own bounded thread (chat_template.py); long prompts are
+        tokenized off the event loop too."""
         template = self.template_for(req)
         if req.continue_final_message and req.add_generation_prompt:
             raise bad_request(
@@ -75,7 +78,7 @@ class ServingChat(OpenAIServing):
             )
         kwargs = dict(req.chat_template_kwargs or {})
         try:
-            text = render_chat(
+            text = await render_chat_async(
                 template,
                 messages,
                 add_generation_prompt=req.add_generation_prompt,
@@ -89,8 +92,14 @@ class ServingChat(OpenAIServing):
             cut = text.rfind(last) if last else -1
             if cut >= 0:
                 text = text[: cut + len(last)]
-        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if len(text) > _LONG_TEXT:
+            ids = await asyncio.to_thread(self._encode, text)
+        else:
+            ids = self._encode(text)
         return text, ids
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         arrival = time.time()
@@ -104,10 +113,7 @@ class ServingChat(OpenAIServing):
             raise bad_request("top_logprobs requires logprobs to be true.", "top_logprobs")
         self.check_logprobs(req.top_logprobs, "top_logprobs")
         messages = messages_as_dicts(req.messages)
-        if sum(len(m["content"]) for m in messages) > _LONG_TEXT:
-            text, ids = await asyncio.to_thread(self.render, req, messages)
-        else:
-            text, ids = self.render(req, messages)
+        text, ids = await self.render(req, messages)
         requested = req.max_completion_tokens or req.max_tokens
         max_tokens = self.resolve_max_tokens(len(ids), requested, None, "messages")
         top_n = req.top_logprobs or 0
