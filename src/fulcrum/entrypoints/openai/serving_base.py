@@ -165,6 +165,17 @@ class OpenAIServing:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def need_tokenizer(self, what: str, param: str) -> Any:
+        """The tokenizer, or a 400 naming ``what`` needs it (a model served without one)."""
+        tok = self.tokenizer
+        if tok is None:
+            raise bad_request(
+                f"{what} needs a tokenizer, and this model is served without one: send token "
+                "ids, or restart the server with --tokenizer.",
+                param,
+            )
+        return tok
+
     def check_model(self, model: str | None) -> str:
         if model is None or model == "":
             return self.state.model_name

@@ -46,6 +46,7 @@ class ServingChat(OpenAIServing):
     endpoint = "chat"
 
     def template_for(self, req: ChatCompletionRequest) -> str:
+        self.need_tokenizer("Chat (messages are text)", "messages")
         if req.chat_template is not None:
             if not self.opts.trust_request_chat_template:
                 raise bad_request(
