@@ -81,6 +81,13 @@ def test_dummy_directory_with_tokenizer_serves_text(
         status, out = s.json("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 3,
                                                          "ignore_eos": True, "logprobs": 1})
         assert status == 200 and len(out["choices"][0]["logprobs"]["tokens"]) == 3, out
+        assert "token_ids" not in out["choices"][0]  # only when asked for (or no tokenizer)
+        status, out = s.json("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 3,
+                                                         "ignore_eos": True, "return_token_ids": True})
+        choice = out["choices"][0]
+        prompt_ids = s.json("POST", "/tokenize", {"prompt": "hi"})[1]["tokens"]
+        assert status == 200 and len(choice["token_ids"]) == 3
+        assert choice["prompt_token_ids"] == prompt_ids
         status, out = s.json("POST", "/v1/chat/completions", {
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         assert status == 200, out
