@@ -192,6 +192,11 @@ def test_key_guards_metrics_and_docs_unless_public(public: bool) -> None:
         "{% endfor %}{{ ns.s | length }}",
         "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
         "{% set s = 'x' * 100000 %}{{ s.replace('x', s) | length }}",
+        "{{ ('{0}' * 30000).format('x' * 100000) }}",
+        "{{ ('%s' * 30000) | format(*(['x' * 100000] * 30000)) }}",
+        "{{ ([s] * 100000) | join }}".replace("s", "'x' * 100000"),
+        "{{ ''.join([s] * 100000) }}".replace("s", "'x' * 100000"),
+        "{{ ''.join(([s] * 100000) | map('upper')) }}".replace("s", "'x' * 100000"),
     ],
 )
 def test_sandbox_bounds_what_a_render_builds(tpl: str) -> None:
@@ -204,9 +209,9 @@ def test_sandbox_bounds_what_a_render_builds(tpl: str) -> None:
 def test_sandbox_keeps_ordinary_templates() -> None:
     tpl = ("{{ '=' * 40 }}{% for m in messages %}{{ m.content.center(20) }}"
            "{{ '%5s' % m.role }}{{ '{:>3}'.format(loop.index) }}{% endfor %}{{ 2 ** 10 }}"
-           "{{ range(3) | join(',') }}")
+           "{{ range(3) | join(',') }}{{ no_such_var | default(1000000) }}{{ '%s-%s' | format(1, 2) }}")
     out = render_chat(tpl, [{"role": "user", "content": "hi"}])
-    assert out == "=" * 40 + "hi".center(20) + " user  1" + "1024" + "0,1,2"
+    assert out == "=" * 40 + "hi".center(20) + " user  1" + "1024" + "0,1,2" + "1000000" + "1-2"
 
 
 def test_render_timeout_stops_the_thread_and_leaves_the_loop_free() -> None:
@@ -248,3 +253,19 @@ def test_template_cache_is_bounded_by_size() -> None:
         big = "{# " + str(i) * (ct.CACHE_CHARS // 16) + " #}{{ messages | length }}"
         assert render_chat(big, []) == "0"
     assert ct._CACHE.chars <= ct.CACHE_CHARS and len(ct._CACHE.items) < 40
+
+
+def test_bounded_sandbox_renders_the_model_template_as_transformers(smollm_tokenizer) -> None:
+    from fulcrum.entrypoints.openai.chat_template import special_tokens_of
+
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi " * 50},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "And 100 % {0} more?"},
+    ]
+    want = smollm_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    got = render_chat(
+        smollm_tokenizer.chat_template, msgs, special_tokens=special_tokens_of(smollm_tokenizer)
+    )
+    assert got == want

@@ -30,7 +30,7 @@ BUDGET_CHARS = 8 * MAX_RENDERED_CHARS  # everything intercepted operations may b
 
 _BIG_NUMBER = re.compile(r"\d{6,}")  # a width or precision of 100,000+ in a format spec
 _SIZED_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs"})
-_FORMAT_METHODS = frozenset({"format", "format_map"})
+_SIZED_FILTERS = frozenset({"center", "indent", "wordwrap", "truncate", "batch", "slice"})
 
 
 class ChatTemplateError(ValueError):
@@ -58,9 +58,19 @@ def _size(x: Any) -> int:
     return len(x) if isinstance(x, (str, bytes, list, tuple)) else 0
 
 
-def _check_format_spec(fmt: Any) -> None:
-    if isinstance(fmt, str) and _BIG_NUMBER.search(fmt):
+def _check_format(fmt: Any, marker: str, values: Any) -> None:
+    """``fmt % values`` or ``fmt.format(*values)``: no huge widths, and no result longer than the
+    longest prompt (each placeholder may repeat every value)."""
+    if not isinstance(fmt, str):
+        return
+    if _BIG_NUMBER.search(fmt):
         raise SecurityError("format width or precision too large.")
+    items = values if isinstance(values, (list, tuple)) else [values]
+    if isinstance(values, dict):
+        items = list(values.values())
+    longest = max((len(str(v)) for v in items), default=0)
+    if len(fmt) + fmt.count(marker) * longest > MAX_RENDERED_CHARS:
+        raise SecurityError("format result too large.")
 
 
 def _check_binop(op: str, left: Any, right: Any) -> int:
@@ -82,7 +92,7 @@ def _check_binop(op: str, left: Any, right: Any) -> int:
             raise SecurityError("concatenation result too large.")
         return size
     elif op == "%":
-        _check_format_spec(left)
+        _check_format(left, "%", right)
     return 0
 
 
@@ -99,30 +109,41 @@ def _check_call(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None
         return
     if name in _SIZED_METHODS:
         _check_width_args(name, args, kwargs)
-    elif name in _FORMAT_METHODS:
-        _check_format_spec(owner)
     elif name == "replace" and len(args) >= 2:
         old, new = args[0], args[1]
         if isinstance(old, str) and isinstance(new, str):
             grow = (len(owner) + 1 if not old else owner.count(old)) * max(len(new) - len(old), 0)
             BUDGET.charge(len(owner) + grow)
-    elif name == "join" and args and isinstance(args[0], (list, tuple)):
-        BUDGET.charge(sum(_size(x) for x in args[0]) + len(owner) * len(args[0]))
 
 
 def _bounded_filter(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
     """A built-in filter whose numeric arguments (widths, counts) are bounded."""
 
+    at = 1 if getattr(f, "jinja_pass_arg", None) is not None else 0  # where the value sits
+
     @functools.wraps(f)  # keeps jinja's pass_context/pass_environment marker
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        _check_width_args(name, args[1:], kwargs)
-        if name == "format" and args:
-            _check_format_spec(args[0])  # the value is the format string
+        if name == "join" and len(args) > at:  # charge the pieces before they are joined
+            args = (*args[:at], _charged_list(args[at]), *args[at + 1 :])
+        if name in _SIZED_FILTERS:
+            _check_width_args(name, args[at + 1 :], kwargs)
+        if name == "format" and args:  # the value is the format string
+            _check_format(args[0], "%", [*args[1:], *kwargs.values()])
         out = f(*args, **kwargs)
         BUDGET.charge(_size(out))
         return out
 
     return wrapper
+
+
+def _charged_list(items: Any) -> Any:
+    if isinstance(items, (str, bytes, dict)) or not hasattr(items, "__iter__"):
+        return items
+    out = []
+    for x in items:
+        BUDGET.charge(len(x) if isinstance(x, str) else 1)
+        out.append(x)
+    return out
 
 
 class BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -139,8 +160,31 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         BUDGET.charge(_check_binop(operator_, left, right))
         return self.binop_table[operator_](left, right)
 
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        """``str.format``/``format_map`` as the sandbox wraps them (at attribute access), with
+        the result's size checked before formatting."""
+        wrapped = super().wrap_str_format(value)
+        if wrapped is None:
+            return None
+        fmt, name = value.__self__, value.__name__
+
+        def checked(*args: Any, **kwargs: Any) -> str:
+            values = [*args, *kwargs.values()]
+            if name == "format_map" and args and isinstance(args[0], dict):
+                values = list(args[0].values())
+            _check_format(fmt, "{", values)
+            out = wrapped(*args, **kwargs)
+            BUDGET.charge(len(out))
+            return out
+
+        return checked
+
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
         _check_call(__obj, args, kwargs)
+        if getattr(__obj, "__name__", "") == "join" and isinstance(
+            getattr(__obj, "__self__", None), str
+        ):
+            args = tuple(_charged_list(a) for a in args)  # charge the pieces before joining
         out = super().call(__context, __obj, *args, **kwargs)
         if isinstance(out, Sized) and not isinstance(out, range):
             BUDGET.charge(len(out))
