@@ -9,9 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from srv_helpers import Server, start_server, stop_server
-
 from model_factory import make_tiny_model
+from srv_helpers import Server, start_server, stop_server
 
 PROMPT = [5, 17, 42, 99]
 
@@ -82,8 +81,8 @@ def test_dummy_directory_with_tokenizer_serves_text(
                                                          "ignore_eos": True, "logprobs": 1})
         assert status == 200 and len(out["choices"][0]["logprobs"]["tokens"]) == 3, out
         assert "token_ids" not in out["choices"][0]  # only when asked for (or no tokenizer)
-        status, out = s.json("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 3,
-                                                         "ignore_eos": True, "return_token_ids": True})
+        body = {"prompt": "hi", "max_tokens": 3, "ignore_eos": True, "return_token_ids": True}
+        status, out = s.json("POST", "/v1/completions", body)
         choice = out["choices"][0]
         prompt_ids = s.json("POST", "/tokenize", {"prompt": "hi"})[1]["tokens"]
         assert status == 200 and len(choice["token_ids"]) == 3

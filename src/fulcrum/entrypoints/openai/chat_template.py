@@ -103,7 +103,8 @@ def render_chat(
             size += len(part)
             if size > MAX_RENDERED_CHARS:
                 raise ChatTemplateError(
-                    f"messages: the rendered prompt is longer than {MAX_RENDERED_CHARS:,} characters."
+                    "messages: the rendered prompt is longer than "
+                    f"{MAX_RENDERED_CHARS:,} characters."
                 )
             if time.monotonic() > deadline:
                 raise RenderTimeout
@@ -112,7 +113,7 @@ def render_chat(
     except ChatTemplateError:
         raise
     except RenderTimeout:
-        raise ChatTemplateError(f"chat_template: rendering took longer than {timeout:g} s.") from None
+        raise _timed_out(timeout) from None
     except SecurityError as e:
         raise ChatTemplateError(f"chat_template: rejected by the sandbox: {e}") from None
     except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
@@ -148,13 +149,13 @@ async def render_chat_async(
         error: BaseException | None = None
         try:
             result = render_chat(template, messages, timeout=timeout, **kwargs)
-        except BaseException as e:  # noqa: BLE001 -- handed to the awaiting coroutine
+        except BaseException as e:  # handed to the awaiting coroutine
             error = e
         finally:
             with lock:
                 finished = True
         if isinstance(error, RenderTimeout):
-            error = ChatTemplateError(f"chat_template: rendering took longer than {timeout:g} s.")
+            error = _timed_out(timeout)
         with contextlib.suppress(RuntimeError):  # the loop may be gone after a timeout
             loop.call_soon_threadsafe(settle, result, error)
 
@@ -162,13 +163,15 @@ async def render_chat_async(
     thread.start()
     try:
         return await asyncio.wait_for(asyncio.shield(done), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         with lock:
             if not finished and thread.ident is not None:
                 _interrupt(thread.ident)
-        raise ChatTemplateError(
-            f"chat_template: rendering took longer than {timeout:g} s."
-        ) from None
+        raise _timed_out(timeout) from None
+
+
+def _timed_out(timeout: float) -> ChatTemplateError:
+    return ChatTemplateError(f"chat_template: rendering took longer than {timeout:g} s.")
 
 
 def _interrupt(thread_id: int) -> None:

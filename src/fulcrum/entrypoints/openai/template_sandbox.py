@@ -179,7 +179,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
         return checked
 
-    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         _check_call(__obj, args, kwargs)
         if getattr(__obj, "__name__", "") == "join" and isinstance(
             getattr(__obj, "__self__", None), str
@@ -211,7 +211,9 @@ def _strftime_now(fmt: str) -> str:
 
 
 def make_env() -> BoundedSandbox:
-    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, undefined=Undefined, autoescape=False)
+    env = BoundedSandbox(
+        trim_blocks=True, lstrip_blocks=True, undefined=Undefined, autoescape=False
+    )
     env.filters["tojson"] = _bounded_filter("tojson", _tojson)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
