@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -140,7 +141,8 @@ def test_chat_ctrl_c_cancels_the_reply_then_quits_at_the_prompt():
 
 
 def test_chat_ctrl_c_aborts_the_engine_request():
-    """stream_reply's Ctrl-C path leaves the engine with nothing running (so the chat goes on)."""
+    """Ctrl-C (a real SIGINT) while a reply streams: stream_reply aborts the request between
+    steps and raises KeyboardInterrupt; the engine is left idle and answers the next turn."""
     from fulcrum import SamplingParams
     from fulcrum.entrypoints.cli_generate import stream_reply
     from fulcrum.entrypoints.llm import LLM
@@ -153,11 +155,13 @@ def test_chat_ctrl_c_aborts_the_engine_request():
         nonlocal n
         n += 1
         if n == 3:
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
 
     msgs = [{"role": "user", "content": "Count to fifty."}]
     with pytest.raises(KeyboardInterrupt):
         stream_reply(llm, msgs, params, write=write)
+    assert n == 3  # stopped right after the signal, not at max_tokens
     assert not llm.core.has_unfinished_requests() and not llm.processor.has_unfinished()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     again = stream_reply(llm, msgs, SamplingParams(max_tokens=4, temperature=0), write=lambda _: None)
     assert again

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from fulcrum.engine.arg_utils import EngineArgs
 
@@ -65,10 +68,25 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _sigint_between_steps() -> Iterator[threading.Event]:
+    """Ctrl-C sets a flag the step loop checks, so an interrupt never lands inside a step (the
+    scheduler's and the runner's state stay consistent for the next turn)."""
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def stream_reply(llm, messages: list[dict], params, write=sys.stdout.write) -> str:
     """Run one chat turn in-process, writing text as it is produced; returns the reply.
 
-    Ctrl-C (KeyboardInterrupt) aborts the request in the engine, then propagates."""
+    Ctrl-C aborts the request in the engine between steps, then raises KeyboardInterrupt."""
     from fulcrum.engine.protocol import EngineCoreRequest, to_wire
     from fulcrum.entrypoints.llm import resolve_max_tokens
 
@@ -80,16 +98,19 @@ def stream_reply(llm, messages: list[dict], params, write=sys.stdout.write) -> s
     llm.processor.add_request(rid, text, ids, params, stream=True)
     reply = []
     try:
-        while llm.core.has_unfinished_requests():
-            outs = llm.core.step()
-            results, to_abort = llm.processor.process_outputs(outs.outputs)
-            if to_abort:
-                llm.core.abort_requests(to_abort)
-            for r in results:
-                delta = r.outputs[0].text
-                reply.append(delta)
-                write(delta)
-                sys.stdout.flush()
+        with _sigint_between_steps() as interrupted:
+            while llm.core.has_unfinished_requests():
+                if interrupted.is_set():
+                    raise KeyboardInterrupt
+                outs = llm.core.step()
+                results, to_abort = llm.processor.process_outputs(outs.outputs)
+                if to_abort:
+                    llm.core.abort_requests(to_abort)
+                for r in results:
+                    delta = r.outputs[0].text
+                    reply.append(delta)
+                    write(delta)
+                    sys.stdout.flush()
     except KeyboardInterrupt:
         llm.core.abort_requests([rid])
         llm.processor.abort_request(rid)
