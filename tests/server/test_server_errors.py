@@ -165,8 +165,12 @@ def test_api_key_via_client_and_open_probes(server: Server) -> None:
     bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
-    for path in ("/health", "/ready", "/metrics", "/version"):
+    for path in ("/health", "/ready", "/version"):
         assert server.request("GET", path, key=None)[0] == 200, path
+    # /metrics and the API's description follow the key (no --public-endpoints here).
+    for path in ("/metrics", "/openapi.json", "/docs", "/redoc"):
+        assert_error(*server.request("GET", path, key=None)[:2], 401)
+        assert server.request("GET", path)[0] == 200, path
 
 
 def test_unknown_model_and_route_are_404(server: Server, client: Any) -> None:

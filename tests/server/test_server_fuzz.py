@@ -47,10 +47,10 @@ def _bound_cost(body: Any) -> Any:
 
 
 def test_fuzz_openapi_no_server_errors(server: Server) -> None:
-    schema = schemathesis.openapi.from_url(server.base_url + "/openapi.json")
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    schema = schemathesis.openapi.from_url(server.base_url + "/openapi.json", headers=headers)
     statuses: list[int] = []
     failures: list[str] = []
-    headers = {"Authorization": f"Bearer {API_KEY}"}
     timings: dict[str, float] = {}
     for result in schema.get_all_operations():
         op = result.ok()

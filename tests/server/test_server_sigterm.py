@@ -129,6 +129,32 @@ def test_trusted_request_chat_template(small_server: Server) -> None:
     assert status == 400 and out["error"]["param"] == "chat_template"
 
 
+def test_hostile_request_templates_are_400_and_never_stall(small_server: Server) -> None:
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                            "max_tokens": 4, "chat_template": "{{ 'x' * 1000000001 }}"}
+    t0 = time.monotonic()
+    status, out = small_server.json("POST", "/v1/chat/completions", body)
+    assert status == 400 and out["error"]["param"] == "chat_template", out
+    assert time.monotonic() - t0 < 5
+    # A template that loops without output runs until the render timeout; /health and the
+    # next request are served meanwhile, and the render ends in a 400 naming the timeout.
+    slow = dict(body, chat_template="{% for a in range(100000) %}{% for b in range(100000) %}"
+                "{% endfor %}{% endfor %}")
+    result: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: result.append(small_server.json("POST", "/v1/chat/completions", slow))
+    )
+    worker.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    assert small_server.request("GET", "/health", key=None)[0] == 200
+    assert small_server.json("POST", "/tokenize", {"prompt": "Hi"})[0] == 200
+    assert time.monotonic() - t0 < 2, "the event loop was blocked"
+    worker.join(60)
+    status, out = result[0]
+    assert status == 400 and "took longer" in out["error"]["message"], out
+
+
 def test_queue_limit_is_429(small_server: Server) -> None:
     readers = [SSEReader(small_server, 1000) for _ in range(3)]  # 2 running + 1 waiting
     for r in readers:

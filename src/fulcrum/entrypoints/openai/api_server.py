@@ -119,7 +119,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
         chat.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise E.bad_request("Give exactly one of prompt or messages.", "prompt")
-        tok = chat.tokenizer
+        tok = chat.need_tokenizer("/tokenize", "prompt" if body.prompt is not None else "messages")
         if body.messages is not None:
             if not body.messages:
                 raise E.bad_request("messages must not be empty.", "messages")
@@ -127,7 +127,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
                 messages=body.messages, add_generation_prompt=body.add_generation_prompt
             )
             try:
-                _, ids = chat.render(req, messages_as_dicts(body.messages))
+                _, ids = await chat.render(req, messages_as_dicts(body.messages))
             except ChatTemplateError as e:
                 raise E.value_error(e) from None
         else:
@@ -141,7 +141,8 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         chat.check_model(body.model)
         chat.check_token_ids(body.tokens, "tokens")
-        return DetokenizeResponse(prompt=str(chat.tokenizer.decode(body.tokens)))
+        tok = chat.need_tokenizer("/detokenize", "tokens")
+        return DetokenizeResponse(prompt=str(tok.decode(body.tokens)))
 
     @app.get("/health", response_class=Response, responses=openapi.HEALTH)
     async def health() -> Response:

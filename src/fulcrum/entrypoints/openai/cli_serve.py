@@ -51,8 +51,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument(
         "--api-key",
         default=None,
-        help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
+        help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize, /metrics, "
+        "/openapi.json, /docs and /redoc; /health, /ready and /version stay open "
         "(default: $FULCRUM_API_KEY, else no key).",
+    )
+    s.add_argument(
+        "--public-endpoints",
+        action="store_true",
+        help="With --api-key, leave /metrics, /openapi.json, /docs and /redoc open (for a "
+        "Prometheus scraper without the key); the API routes still need it.",
     )
     s.add_argument(
         "--served-model-name",
@@ -182,6 +189,7 @@ def run_serve(args: argparse.Namespace) -> int:
         served_model_names=names,
         model_root=args.model or DEFAULT_MODEL_NAME,
         api_key=args.api_key or os.environ.get("FULCRUM_API_KEY") or None,
+        public_endpoints=args.public_endpoints,
         trust_request_chat_template=args.trust_request_chat_template,
         chat_template=_load_template(args.chat_template),
         max_request_bytes=args.max_request_bytes,

@@ -99,7 +99,7 @@ class _Message(OpenAIBaseModel):
 
     def as_dict(self) -> dict[str, Any]:
         """The message as the chat template sees it (content flattened to text)."""
-        d: dict[str, Any] = {"role": getattr(self, "role"), "content": self.text()}
+        d: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.name is not None:
             d["name"] = self.name
         return d

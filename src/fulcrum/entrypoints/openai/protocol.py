@@ -113,6 +113,11 @@ class CompletionRequest(SamplingRequest):
     suffix: str | None = Field(
         None, description="Not supported; must be empty.", json_schema_extra=_UNSUPPORTED_STR
     )
+    return_token_ids: bool = Field(
+        False,
+        description="Add token_ids (and prompt_token_ids) to each choice, as vLLM does; always "
+        "on for a model served without a tokenizer.",
+    )
 
 
 class TokenizeRequest(OpenAIBaseModel):
@@ -200,6 +205,8 @@ class CompletionChoice(OpenAIBaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids (first chunk when streamed)
+    token_ids: list[int] | None = None  # with return_token_ids (each chunk's new tokens)
 
 
 class CompletionResponse(OpenAIBaseModel):

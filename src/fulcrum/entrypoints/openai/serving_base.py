@@ -38,6 +38,7 @@ class ServeOptions:
     served_model_names: list[str]
     model_root: str | None = None
     api_key: str | None = None
+    public_endpoints: bool = False  # /metrics and the API docs open despite api_key
     trust_request_chat_template: bool = False
     chat_template: str | None = None  # overrides the model's template
     max_request_bytes: int = 8 * 1024 * 1024
@@ -158,6 +159,17 @@ class OpenAIServing:
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+    def need_tokenizer(self, what: str, param: str) -> Any:
+        """The tokenizer, or a 400 naming ``what`` needs it (a model served without one)."""
+        tok = self.tokenizer
+        if tok is None:
+            raise bad_request(
+                f"{what} needs a tokenizer, and this model is served without one: send token "
+                "ids, or restart the server with --tokenizer.",
+                param,
+            )
+        return tok
 
     def check_model(self, model: str | None) -> str:
         if model is None or model == "":

@@ -13,7 +13,7 @@ from starlette.responses import Response
 from fulcrum.engine.outputs import CompletionOutput, RequestOutput
 from fulcrum.entrypoints.openai.chat_template import (
     ChatTemplateError,
-    render_chat,
+    render_chat_async,
     special_tokens_of,
 )
 from fulcrum.entrypoints.openai.errors import bad_request, value_error
@@ -28,7 +28,7 @@ from fulcrum.entrypoints.openai.serving_base import (
 from fulcrum.entrypoints.openai.serving_response import ResponseContext
 from fulcrum.entrypoints.openai.sse import chat_logprobs
 
-_LONG_TEXT = 16_384  # characters; longer prompts are rendered and tokenized off the event loop
+_LONG_TEXT = 16_384  # characters; longer prompts are tokenized off the event loop
 
 
 def messages_as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -39,6 +39,7 @@ class ServingChat(OpenAIServing):
     endpoint = "chat"
 
     def template_for(self, req: ChatCompletionRequest) -> str:
+        self.need_tokenizer("Chat (messages are text)", "messages")
         if req.chat_template is not None:
             if not self.opts.trust_request_chat_template:
                 raise bad_request(
@@ -52,10 +53,13 @@ class ServingChat(OpenAIServing):
             raise bad_request("messages: the model has no chat template.", "messages")
         return template
 
-    def render(
+    async def render(
         self, req: ChatCompletionRequest, messages: list[dict[str, Any]]
     ) -> tuple[str, list[int]]:
-        """Rendered prompt text and its token ids (the template holds the special tokens)."""
+        """Rendered prompt text and its token ids (the template holds the special tokens).
+
+        The template renders in its own bounded thread (chat_template.py); long prompts are
+        tokenized off the event loop too."""
         template = self.template_for(req)
         if req.continue_final_message and req.add_generation_prompt:
             raise bad_request(
@@ -68,7 +72,7 @@ class ServingChat(OpenAIServing):
             )
         kwargs = dict(req.chat_template_kwargs or {})
         try:
-            text = render_chat(
+            text = await render_chat_async(
                 template,
                 messages,
                 add_generation_prompt=req.add_generation_prompt,
@@ -82,8 +86,14 @@ class ServingChat(OpenAIServing):
             cut = text.rfind(last) if last else -1
             if cut >= 0:
                 text = text[: cut + len(last)]
-        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if len(text) > _LONG_TEXT:
+            ids = await asyncio.to_thread(self._encode, text)
+        else:
+            ids = self._encode(text)
         return text, ids
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
         arrival = time.time()
@@ -97,10 +107,7 @@ class ServingChat(OpenAIServing):
             raise bad_request("top_logprobs requires logprobs to be true.", "top_logprobs")
         self.check_logprobs(req.top_logprobs, "top_logprobs")
         messages = messages_as_dicts(req.messages)
-        if sum(len(m["content"]) for m in messages) > _LONG_TEXT:
-            text, ids = await asyncio.to_thread(self.render, req, messages)
-        else:
-            text, ids = self.render(req, messages)
+        text, ids = await self.render(req, messages)
         requested = req.max_completion_tokens or req.max_tokens
         max_tokens = self.resolve_max_tokens(len(ids), requested, None, "messages")
         top_n = req.top_logprobs or 0

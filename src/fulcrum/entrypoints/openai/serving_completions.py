@@ -12,8 +12,8 @@ from starlette.responses import Response
 
 from fulcrum.engine.outputs import CompletionOutput, RequestOutput
 from fulcrum.entrypoints.openai.errors import bad_request
-from fulcrum.entrypoints.openai.protocol import CompletionRequest
 from fulcrum.entrypoints.openai.limits import MAX_PROMPTS_PER_REQUEST
+from fulcrum.entrypoints.openai.protocol import CompletionRequest
 from fulcrum.entrypoints.openai.serving_base import (
     OpenAIServing,
     conversation_id,
@@ -57,13 +57,23 @@ class ServingCompletions(OpenAIServing):
         out: list[tuple[str | None, list[int]]] = []
         for item in items:
             if isinstance(item, str):
-                ids = list(self.tokenizer(item, add_special_tokens=True)["input_ids"])
+                tok = self.need_tokenizer("A text prompt", "prompt")
+                ids = list(tok(item, add_special_tokens=True)["input_ids"])
                 out.append((item, ids))
             else:
                 ids = list(item)
                 self.check_token_ids(ids, "prompt")
                 out.append((None, ids))
         return out
+
+    def _check_text_needs(self, req: CompletionRequest) -> None:
+        """Without a tokenizer, token ids in and out work; what shows or matches text cannot."""
+        if req.stop_list():
+            self.need_tokenizer("stop (stop strings; stop_token_ids work without one)", "stop")
+        if req.logprobs is not None:
+            self.need_tokenizer("logprobs (each token shown as text)", "logprobs")
+        if req.echo:
+            self.need_tokenizer("echo (the prompt as text)", "echo")
 
     async def create(self, req: CompletionRequest, raw: Request) -> Response:
         arrival = time.time()
@@ -74,6 +84,7 @@ class ServingCompletions(OpenAIServing):
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request("best_of must equal n (no server-side ranking).", "best_of")
         self.check_logprobs(req.logprobs, "logprobs")
+        self._check_text_needs(req)
         prompts = self.split_prompts(req)
         resolved = [
             self.resolve_max_tokens(len(ids), req.max_tokens, 16, "prompt") for _, ids in prompts
@@ -112,6 +123,8 @@ class _CompletionCtx(ResponseContext):
         super().__init__(serving, req, raw, rid, model, arrival)
         self.req, self.prompts = req, prompts
         self.top_n = req.logprobs or 0
+        # Without a tokenizer the text is empty: the token ids are the output.
+        self.with_ids = req.return_token_ids or serving.tokenizer is None
 
     def request_ids(self) -> list[str]:
         return [p.request_id for p in self.prompts]
@@ -174,14 +187,18 @@ class _CompletionCtx(ResponseContext):
                 first = index not in offsets
                 echo = req.echo and first
                 text = (self._echo_text(p) if echo else "") + c.text
-                if not text and reason is None and not (req.logprobs is not None and c.token_ids):
+                wants_ids = (req.logprobs is not None or self.with_ids) and c.token_ids
+                if not text and reason is None and not wants_ids:
                     continue
                 offsets.setdefault(index, 0)
                 lp = self._logprobs(p, c, offsets[index], echo)
                 offsets[index] += len(text)
-                choices.append(
-                    {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
-                )
+                choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
+                if self.with_ids:
+                    choice["token_ids"] = list(c.token_ids)
+                    if first:
+                        choice["prompt_token_ids"] = p.ids
+                choices.append(choice)
                 if reason is not None:
                     finished.add(index)
                     p.finish_reason = p.finish_reason or reason
@@ -204,12 +221,14 @@ class _CompletionCtx(ResponseContext):
                 p.finish_reason = p.finish_reason or reason
                 p.num_output += len(c.token_ids)
                 prefix = self._echo_text(p) if self.req.echo else ""
-                choices.append(
-                    {
-                        "index": pi * self.req.n + c.index,
-                        "text": prefix + c.text,
-                        "logprobs": self._logprobs(p, c, 0, self.req.echo),
-                        "finish_reason": reason,
-                    }
-                )
+                choice = {
+                    "index": pi * self.req.n + c.index,
+                    "text": prefix + c.text,
+                    "logprobs": self._logprobs(p, c, 0, self.req.echo),
+                    "finish_reason": reason,
+                }
+                if self.with_ids:
+                    choice["prompt_token_ids"] = p.ids
+                    choice["token_ids"] = list(c.token_ids)
+                choices.append(choice)
         return choices, self._usage()
