@@ -8,6 +8,7 @@ import random
 import pytest
 
 from fulcrum import LLM, SamplingParams
+from fulcrum.worker import startup
 
 
 def _greedy(
@@ -42,7 +43,7 @@ def test_emulated_decode_graphs_match_eager(tiny_models, patch_in_graph, monkeyp
     assert want == _greedy(LLM(tiny_models["llama"], **ref_kw), prompts, max_tokens)
     llm = LLM(tiny_models["llama"], async_scheduling="on", **kw)
     runner = llm.core.runner
-    runner.capture_graphs(emulate=True)
+    startup.capture_graphs(runner, emulate=True)
     assert runner.use_cuda_graphs and runner.graphs.sizes == [1, 2, 4, 8]
     assert runner.graphs.patch_in_graph == patch_in_graph
     outside = []  # patches launched between steps (on CUDA: a kernel between two replays)
@@ -71,10 +72,10 @@ def test_profiling_step_runs_on_both_backends(tiny_models):
             num_kv_blocks=16,
         )
         with torch.inference_mode():
-            llm.core.runner._dummy_forward(40)
-            llm.core.runner._dummy_forward(3)
+            startup.dummy_forward(llm.core.runner, 40)
+            startup.dummy_forward(llm.core.runner, 3)
             # with the decode graphs' dry-run steps over a scratch cache (the triton backend)
-            llm.core.runner._compile_pass(40)
+            startup.compile_pass(llm.core.runner, 40)
 
 
 @pytest.mark.parametrize(
@@ -97,7 +98,7 @@ def test_emulated_piecewise_prefill_graphs_match_eager(tiny_models, extra):
     want = _greedy(LLM(tiny_models["llama"], **kw), prompts, max_tokens)
     llm = LLM(tiny_models["llama"], async_scheduling="on", piecewise_graph_max_tokens=40, **kw)
     runner = llm.core.runner
-    runner.capture_piecewise(emulate=True)
+    startup.capture_piecewise(runner, emulate=True)
     pw = runner.piecewise
     assert runner.use_cuda_graphs and pw is not None and pw.sizes == [8, 16, 32, 40]
     assert all(len(g) == 3 for g in pw.graphs.values())  # 2 layers: 3 segments
@@ -136,8 +137,8 @@ def test_failed_capture_leaves_those_steps_eager(tiny_models, monkeypatch, caplo
     monkeypatch.setattr(PiecewiseGraphs, "capture", oom)
     llm = LLM(tiny_models["llama"], piecewise_graph_max_tokens=40, **kw)
     runner = llm.core.runner
-    with caplog.at_level("WARNING", logger="fulcrum.worker.model_runner"):
-        runner.capture_piecewise(emulate=True)
+    with caplog.at_level("WARNING", logger="fulcrum.worker.startup"):
+        startup.capture_piecewise(runner, emulate=True)
     assert runner.piecewise is None and not runner.use_cuda_graphs
     assert "capture (piecewise prefill) failed" in caplog.text
     assert _greedy(llm, prompts, [5, 6, 7]) == want
