@@ -232,7 +232,7 @@ class DecodeGraphs:
 
     def dry_run(self) -> None:
         """The warm-up steps on padding rows, without capturing: for ``compile_ahead`` to
-        compile their variants (the runner's profiling pass, before the KV pool exists)."""
+        compile their variants (start-up's profiling pass, before the KV pool exists)."""
         self._fill_padding()
         self._warm_up()
 
