@@ -17,7 +17,7 @@ import torch
 
 from fulcrum.engine.protocol import WireSamplingParams
 from fulcrum.scheduler.output import SchedulerOutput
-from fulcrum.worker.cuda_graph import HostStaging
+from fulcrum.worker.host_staging import HostStaging
 from fulcrum.worker.sampler import fused_sampling, plain_greedy
 
 
