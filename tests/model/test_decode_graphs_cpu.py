@@ -8,6 +8,7 @@ import random
 import pytest
 
 from fulcrum import LLM, SamplingParams
+from fulcrum.worker import startup
 
 
 def _greedy(
@@ -42,7 +43,7 @@ def test_emulated_decode_graphs_match_eager(tiny_models, patch_in_graph, monkeyp
     assert want == _greedy(LLM(tiny_models["llama"], **ref_kw), prompts, max_tokens)
     llm = LLM(tiny_models["llama"], async_scheduling="on", **kw)
     runner = llm.core.runner
-    runner.capture_graphs(emulate=True)
+    startup.capture_graphs(runner, emulate=True)
     assert runner.use_cuda_graphs and runner.graphs.sizes == [1, 2, 4, 8]
     assert runner.graphs.patch_in_graph == patch_in_graph
     outside = []  # patches launched between steps (on CUDA: a kernel between two replays)
@@ -71,10 +72,10 @@ def test_profiling_step_runs_on_both_backends(tiny_models):
             num_kv_blocks=16,
         )
         with torch.inference_mode():
-            llm.core.runner._dummy_forward(40)
-            llm.core.runner._dummy_forward(3)
+            startup.dummy_forward(llm.core.runner, 40)
+            startup.dummy_forward(llm.core.runner, 3)
             # with the decode graphs' dry-run steps over a scratch cache (the triton backend)
-            llm.core.runner._compile_pass(40)
+            startup.compile_pass(llm.core.runner, 40)
 
 
 @pytest.mark.parametrize(
@@ -97,7 +98,7 @@ def test_emulated_piecewise_prefill_graphs_match_eager(tiny_models, extra):
     want = _greedy(LLM(tiny_models["llama"], **kw), prompts, max_tokens)
     llm = LLM(tiny_models["llama"], async_scheduling="on", piecewise_graph_max_tokens=40, **kw)
     runner = llm.core.runner
-    runner.capture_piecewise(emulate=True)
+    startup.capture_piecewise(runner, emulate=True)
     pw = runner.piecewise
     assert runner.use_cuda_graphs and pw is not None and pw.sizes == [8, 16, 32, 40]
     assert all(len(g) == 3 for g in pw.graphs.values())  # 2 layers: 3 segments
@@ -136,8 +137,47 @@ def test_failed_capture_leaves_those_steps_eager(tiny_models, monkeypatch, caplo
     monkeypatch.setattr(PiecewiseGraphs, "capture", oom)
     llm = LLM(tiny_models["llama"], piecewise_graph_max_tokens=40, **kw)
     runner = llm.core.runner
-    with caplog.at_level("WARNING", logger="fulcrum.worker.model_runner"):
-        runner.capture_piecewise(emulate=True)
+    with caplog.at_level("WARNING", logger="fulcrum.worker.startup"):
+        startup.capture_piecewise(runner, emulate=True)
     assert runner.piecewise is None and not runner.use_cuda_graphs
     assert "capture (piecewise prefill) failed" in caplog.text
     assert _greedy(llm, prompts, [5, 6, 7]) == want
+
+
+def test_every_step_kind_builds_metadata_that_agrees_with_its_host_lists(
+    tiny_models, monkeypatch
+):
+    """Eager steps, decode-graph replays and piecewise-graph steps all go through
+    ``AttentionMetadata.build``: the counts match the host lists, and an eager or piecewise
+    step's device tensors hold what its host lists say (a decode graph's host lists are
+    placeholders: its kernels read the static device rows)."""
+    kw = dict(device="cpu", dtype="float32", attention_backend="triton", max_num_seqs=4,
+              max_num_batched_tokens=40)  # fmt: skip
+    llm = LLM(tiny_models["llama"], piecewise_graph_max_tokens=16, **kw)
+    runner = llm.core.runner
+    kinds: set[str] = set()
+
+    def check(meta) -> None:
+        """At attention time: off CUDA a staged tensor is the staging buffer itself."""
+        qsl, lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
+        assert meta.num_tokens == qsl[-1] and meta.num_reqs == len(lens) == len(qsl) - 1
+        assert meta.query_start_loc.tolist() == qsl
+        assert meta.block_tables.shape[0] == meta.num_reqs
+        assert meta.slot_mapping.shape[0] >= meta.num_tokens
+        assert meta.max_query_len == max(b - a for a, b in zip(qsl, qsl[1:], strict=False))
+        if meta.is_pure_decode and not any(lens):
+            kinds.add("decode graph")
+            assert meta.max_seq_len == runner.max_model_len
+            return
+        assert meta.seq_lens.tolist() == lens and meta.max_seq_len == max(lens)
+        kinds.add("piecewise" if meta.slot_mapping.shape[0] > meta.num_tokens else "eager")
+
+    attend = runner.attn_backend.attend
+    monkeypatch.setattr(runner.attn_backend, "attend", lambda *a: check(a[-1]) or attend(*a))
+    startup.capture_graphs(runner, emulate=True)
+    startup.capture_piecewise(runner, emulate=True)
+    kinds.clear()  # capture's own steps
+    rng = random.Random(9)
+    prompts = [[rng.randrange(3, 320) for _ in range(n)] for n in (5, 30, 9)]
+    _greedy(llm, prompts, [4, 3, 5])
+    assert kinds == {"decode graph", "piecewise", "eager"}

@@ -109,3 +109,23 @@ def test_fp8_smollm2_next_tokens_agree(smollm_dir, smollm_tokenizer) -> None:
     pairs = list(zip(firsts["none"], firsts["fp8"], strict=True))
     assert all(ref in top for (ref, _), (_, top) in pairs)
     assert sum(ref == got for (ref, _), (got, _) in pairs) >= 0.85 * len(pairs)
+
+
+def test_fp8_on_cpu_needs_no_scaled_mm(tiny_models, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU builds of torch whose ``_scaled_mm`` takes only per-tensor scales (the message below is
+    theirs) still run FP8 models: the CPU path dequantizes the weights on the fly, which stay
+    FP8 in memory, and greedy decoding stays close to the float32 model."""
+
+    def per_tensor_only(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("_scaled_mm only supports per-tensor scaling for CPU backend")
+
+    prompts = [list(range(5, 11)), list(range(20, 57))]
+    kw = dict(device="cpu", dtype="float32", max_num_batched_tokens=32)
+    ref, ref_top = _greedy_top(LLM(tiny_models["llama"], **kw), prompts, 8)
+    monkeypatch.setattr(torch, "_scaled_mm", per_tensor_only)
+    llm = LLM(tiny_models["llama"], quantization="fp8", **kw)
+    fp8 = [m for m in llm.core.runner.model.modules() if isinstance(m, Fp8Linear)]
+    assert fp8 and all(m.weight.dtype == torch.float8_e4m3fn for m in fp8)
+    got, got_top = _greedy_top(llm, prompts, 8)
+    for i in range(len(prompts)):
+        assert_first_divergence_in_top(got[i], got_top[i], ref[i], ref_top[i], f"prompt {i}")

@@ -66,7 +66,7 @@ class Server:
         return status, (json.loads(data) if data else None)
 
     def metrics(self) -> dict[str, float]:
-        _, data, _ = self.request("GET", "/metrics", key=None)
+        _, data, _ = self.request("GET", "/metrics")
         out: dict[str, float] = {}
         for line in data.decode().splitlines():
             if line.startswith("#") or not line.strip():

@@ -39,8 +39,23 @@ BAD_CHAT = [
     ({"logit_bias": {"5": 1.0}}, "logit_bias"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"messages": []}, "messages"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, ""),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, ""),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"content": "x"}]}, "messages[0].role"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        "messages[0].content[0]",
+    ),
+    ({"messages": [{"role": "tool"}]}, "messages[0].content"),
+    ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    ({"messages": [*MSG, {"role": "assistant"}]}, "messages[1].content"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"n": True}, "n"),
+    ({"temperature": False}, "temperature"),
+    ({"continue_final_message": 0}, "continue_final_message"),
+    ({"stream": "yes"}, "stream"),
+    ({"stop": "x" * 1025}, "stop"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids[0]"),
     ({"stop_token_ids": [10**9]}, "stop_token_ids"),
     ({"min_tokens": 50, "max_tokens": 10}, "min_tokens"),
     ({"top_k": -5}, "top_k"),
@@ -63,7 +78,12 @@ BAD_COMPLETION = [
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"prompt": [[]]}, ""),
-    ({"prompt": [1, -3]}, "prompt"),
+    ({"prompt": [1, -3]}, "prompt[1]"),
+    ({"prompt": [[False]]}, "prompt[0][0]"),
+    ({"prompt": [True, 2]}, "prompt[0]"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"echo": 1}, "echo"),
+    ({"logprobs": 1.0}, "logprobs"),
     ({"prompt": [10**7]}, "prompt"),
     ({"prompt": 5}, ""),
     ({"logprobs": 21}, "logprobs"),
@@ -71,6 +91,7 @@ BAD_COMPLETION = [
     ({"suffix": "end"}, "suffix"),
     ({"max_tokens": -1}, "max_tokens"),
     ({"prompt": ["a"] * 300}, "prompt"),
+    ({"prompt": ["a"] * 256, "n": 16}, "n"),  # 4,096 sequences: more than the server holds
 ]
 
 
@@ -144,8 +165,12 @@ def test_api_key_via_client_and_open_probes(server: Server) -> None:
     bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
-    for path in ("/health", "/ready", "/metrics", "/version"):
+    for path in ("/health", "/ready", "/version"):
         assert server.request("GET", path, key=None)[0] == 200, path
+    # /metrics and the API's description follow the key (no --public-endpoints here).
+    for path in ("/metrics", "/openapi.json", "/docs", "/redoc"):
+        assert_error(*server.request("GET", path, key=None)[:2], 401)
+        assert server.request("GET", path)[0] == 200, path
 
 
 def test_unknown_model_and_route_are_404(server: Server, client: Any) -> None:
@@ -177,3 +202,90 @@ def test_detokenize_out_of_vocab_is_400(server: Server) -> None:
     assert_error(status, data, 400, "tokens")
     status, data, _ = server.request("POST", "/tokenize", {})
     assert_error(status, data, 400)
+
+
+def test_message_shape_errors_name_the_field(server: Server) -> None:
+    status, data, _ = server.request(
+        "POST", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "tool"}]}
+    )
+    err = assert_error(status, data, 400, "messages[0].content")
+    assert "messages[0].content" in err["message"]
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "?"}, image]}]}
+    status, data, _ = server.request("POST", "/v1/chat/completions", body)
+    err = assert_error(status, data, 400, "messages[0].content[1]")
+    assert "image inputs are not supported by this model" in err["message"]
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    body = {"messages": [{"role": "user", "content": [audio]}]}
+    status, data, _ = server.request("POST", "/v1/chat/completions", body)
+    assert "audio inputs are not supported" in assert_error(status, data, 400)["message"]
+
+
+def test_tool_history_is_accepted(server: Server) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "What is f?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    status, out = server.json(
+        "POST", "/v1/chat/completions", {"messages": messages, "max_tokens": 2}
+    )
+    assert status == 200 and out["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_detokenize_and_tokenize_are_strict(server: Server) -> None:
+    status, data, _ = server.request("POST", "/detokenize", {"tokens": [False]})
+    assert_error(status, data, 400, "tokens[0]")
+    status, data, _ = server.request("POST", "/detokenize", {"tokens": [-1]})
+    assert_error(status, data, 400, "tokens[0]")
+    status, data, _ = server.request("POST", "/tokenize", {"messages": []})
+    assert_error(status, data, 400, "messages")
+
+
+def test_body_parse_errors_say_why(server: Server) -> None:
+    status, data, _ = server.request("POST", "/v1/completions", raw=b'{"prompt": "\xff\xfe"}')
+    assert "not valid UTF-8" in assert_error(status, data, 400)["message"]
+    deep = b"[" * 10_000 + b"]" * 10_000
+    status, data, _ = server.request("POST", "/v1/completions", raw=b'{"prompt": ' + deep + b"}")
+    assert "nesting too deep" in assert_error(status, data, 400)["message"]
+    assert server.request("GET", "/health", key=None)[0] == 200
+
+
+def test_health_and_metrics_bodies_match_the_schema(server: Server) -> None:
+    status, schema = server.json("GET", "/openapi.json", key=None)
+    assert status == 200
+    paths = schema["paths"]
+    assert "content" not in paths["/health"]["get"]["responses"]["200"]
+    status, body, headers = server.request("GET", "/health", key=None)
+    assert status == 200 and body == b""
+    assert list(paths["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+    status, body, headers = server.request("GET", "/metrics", key=None)
+    assert headers["content-type"].startswith("text/plain") and b"# TYPE" in body
+    assert "422" not in json.dumps(schema)
+    props = schema["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert props["n"]["maximum"] == 16 and props["top_logprobs"]["anyOf"][0]["maximum"] == 20
+    assert props["stop"]["anyOf"][1]["maxItems"] == 16
+    assert schema["components"]["schemas"]["TokenizeRequest"]["properties"]["messages"][
+        "anyOf"
+    ][0]["minItems"] == 1
+    assert props["max_tokens"]["anyOf"][0]["maximum"] == MAX_MODEL_LEN - 1
+    # The token id bound is the served model's vocabulary: the largest id the schema allows
+    # detokenizes, the next one is refused.
+    tokens = schema["components"]["schemas"]["DetokenizeRequest"]["properties"]["tokens"]
+    top = tokens["items"]["maximum"]
+    assert server.request("POST", "/detokenize", {"tokens": [top]})[0] == 200
+    assert server.request("POST", "/detokenize", {"tokens": [top + 1]})[0] == 400
+
+
+def test_deep_json_near_the_parser_limit_is_never_500(server: Server) -> None:
+    # Around the depth where the JSON parser gives up: what it accepts, the request's checks
+    # (which walk free-form objects) must also get through.
+    for depth in range(930, 980, 5):
+        nested = b"[" * depth + b"]" * depth
+        raw = (
+            b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, '
+            b'"chat_template_kwargs": {"a": %s}}' % nested
+        )
+        status, data, _ = server.request("POST", "/v1/chat/completions", raw=raw)
+        assert status in (200, 400), (depth, data[:300])

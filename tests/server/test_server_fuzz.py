@@ -47,10 +47,10 @@ def _bound_cost(body: Any) -> Any:
 
 
 def test_fuzz_openapi_no_server_errors(server: Server) -> None:
-    schema = schemathesis.openapi.from_url(server.base_url + "/openapi.json")
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    schema = schemathesis.openapi.from_url(server.base_url + "/openapi.json", headers=headers)
     statuses: list[int] = []
     failures: list[str] = []
-    headers = {"Authorization": f"Bearer {API_KEY}"}
     timings: dict[str, float] = {}
     for result in schema.get_all_operations():
         op = result.ok()
@@ -86,3 +86,55 @@ def test_fuzz_openapi_no_server_errors(server: Server) -> None:
     assert server.request("GET", "/ready", key=None)[0] == 200
     status, body = server.json("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
     assert status == 200 and body["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+# Small on purpose: this one checks every response against the schema, so a contradiction shows
+# up within a few examples per operation; the test above is the broad no-5xx sweep.
+CONFORMANCE_EXAMPLES = {"positive": 10, "negative": 25}
+
+
+def test_fuzz_responses_match_the_schema(server: Server) -> None:
+    from schemathesis import checks
+    from schemathesis.core.failures import FailureGroup
+
+    schema = schemathesis.openapi.from_url(server.base_url + "/openapi.json")
+    conformance = [
+        checks.not_a_server_error,
+        checks.status_code_conformance,
+        checks.content_type_conformance,
+        checks.response_schema_conformance,
+        checks.response_headers_conformance,
+    ]
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    failures: list[str] = []
+    calls = 0
+    t0 = time.monotonic()
+    for result in schema.get_all_operations():
+        op = result.ok()
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+
+            @settings(
+                max_examples=CONFORMANCE_EXAMPLES[str(mode.value)],
+                deadline=None,
+                database=None,
+                derandomize=True,
+                suppress_health_check=list(HealthCheck),
+            )
+            @given(case=op.as_strategy(generation_mode=mode))
+            def run(case: Any) -> None:
+                nonlocal calls
+                case.body = _bound_cost(case.body) if case.body is not None else case.body
+                resp = case.call(base_url=server.base_url, headers=headers, timeout=120)
+                calls += 1
+                try:
+                    case.validate_response(resp, checks=conformance, headers=headers)
+                except FailureGroup as e:
+                    failures.append(f"{case.method} {case.path} {case.body!r}: {e}"[:1500])
+
+            try:
+                run()
+            except Unsatisfiable:
+                assert mode == GenerationMode.NEGATIVE  # nothing to make invalid (no inputs)
+    print(f"conformance fuzz: {calls} calls in {time.monotonic() - t0:.1f} s")
+    assert not failures, "\n\n".join(failures[:5])
+    assert calls >= 60, calls

@@ -32,6 +32,10 @@ def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "--trust-request-chat-template",
         "--max-model-len",
         "2048",
+        "--max-tokens-default",
+        "3",
+        "--max-tokens-limit",
+        "1000",
     )
     yield s
     stop_server(s)
@@ -125,6 +129,32 @@ def test_trusted_request_chat_template(small_server: Server) -> None:
     assert status == 400 and out["error"]["param"] == "chat_template"
 
 
+def test_hostile_request_templates_are_400_and_never_stall(small_server: Server) -> None:
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                            "max_tokens": 4, "chat_template": "{{ 'x' * 1000000001 }}"}
+    t0 = time.monotonic()
+    status, out = small_server.json("POST", "/v1/chat/completions", body)
+    assert status == 400 and out["error"]["param"] == "chat_template", out
+    assert time.monotonic() - t0 < 5
+    # A template that loops without output runs until the render timeout; /health and the
+    # next request are served meanwhile, and the render ends in a 400 naming the timeout.
+    slow = dict(body, chat_template="{% for a in range(100000) %}{% for b in range(100000) %}"
+                "{% endfor %}{% endfor %}")
+    result: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: result.append(small_server.json("POST", "/v1/chat/completions", slow))
+    )
+    worker.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    assert small_server.request("GET", "/health", key=None)[0] == 200
+    assert small_server.json("POST", "/tokenize", {"prompt": "Hi"})[0] == 200
+    assert time.monotonic() - t0 < 2, "the event loop was blocked"
+    worker.join(60)
+    status, out = result[0]
+    assert status == 400 and "took longer" in out["error"]["message"], out
+
+
 def test_queue_limit_is_429(small_server: Server) -> None:
     readers = [SSEReader(small_server, 1000) for _ in range(3)]  # 2 running + 1 waiting
     for r in readers:
@@ -142,6 +172,49 @@ def test_queue_limit_is_429(small_server: Server) -> None:
     for r in readers:  # hang up: the server aborts them and is idle again
         r.hang_up()
     wait_idle(small_server, timeout=120)
+
+
+def test_max_tokens_default_and_limit(small_server: Server) -> None:
+    msgs = [{"role": "user", "content": "Tell a long story."}]
+    body = {"model": MODEL, "messages": msgs, "ignore_eos": True}
+    status, out = small_server.json("POST", "/v1/chat/completions", body)
+    assert status == 200 and out["usage"]["completion_tokens"] == 3
+    assert out["choices"][0]["finish_reason"] == "length"
+    status, out = small_server.json("POST", "/v1/completions", {"prompt": "A", "ignore_eos": True})
+    assert status == 200 and out["usage"]["completion_tokens"] == 16  # OpenAI's default
+    for path, extra in [("/v1/chat/completions", {}), ("/v1/completions", {"prompt": "A"})]:
+        status, out = small_server.json("POST", path, {**body, **extra, "max_tokens": 1001})
+        assert status == 400 and out["error"]["param"] == "max_tokens", out
+        assert "at most 1000" in out["error"]["message"]
+    _, schema = small_server.json("GET", "/openapi.json")
+    props = schema["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert props["max_tokens"]["anyOf"][0]["maximum"] == 1000
+
+
+def test_queue_limit_counts_sequences(small_server: Server) -> None:
+    wait_idle(small_server)
+    # 2 running + 1 queued sequences fit; one request of 4 sequences never can.
+    msgs = [{"role": "user", "content": "x"}]
+    status, out = small_server.json("POST", "/v1/chat/completions", {"messages": msgs, "n": 4})
+    assert status == 400 and out["error"]["code"] == "too_many_sequences", out
+    assert "4 sequences" in out["error"]["message"]
+    status, out = small_server.json("POST", "/v1/completions", {"prompt": ["a", "b"], "n": 2})
+    assert status == 400 and out["error"]["param"] == "n", out
+    readers = [SSEReader(small_server, 1000) for _ in range(2)]
+    for r in readers:
+        r.start()
+    deadline = time.monotonic() + 60
+    while small_server.metrics().get("fulcrum:num_requests_in_flight", 0) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    body = {"messages": msgs, "n": 2, "max_tokens": 2}
+    status, out = small_server.json("POST", "/v1/chat/completions", body)
+    assert status == 429 and out["error"]["code"] == "rate_limit_exceeded", out
+    for r in readers:
+        r.hang_up()
+    wait_idle(small_server, timeout=120)
+    status, out = small_server.json("POST", "/v1/chat/completions", body)
+    assert status == 200 and len(out["choices"]) == 2
 
 
 def test_sigterm_drains_then_exits_zero(small_server: Server) -> None:

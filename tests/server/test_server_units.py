@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from fastapi import FastAPI, Request
@@ -126,6 +127,10 @@ def _guarded_app(**opts: object) -> tuple[FastAPI, ServerState]:
     async def health() -> JSONResponse:
         return JSONResponse({})
 
+    @app.get("/metrics")
+    async def metrics() -> JSONResponse:
+        return JSONResponse({})
+
     app.add_middleware(ServerGuard, state=state)
     return app, state
 
@@ -155,3 +160,112 @@ def test_guard_key_limit_and_drain() -> None:
         assert c.post("/v1/echo", content=b"x", headers=auth).status_code == 503
         assert c.get("/health").status_code == 200
         assert state.in_flight_http == 0
+
+
+@pytest.mark.parametrize("public", [False, True])
+def test_key_guards_metrics_and_docs_unless_public(public: bool) -> None:
+    from starlette.testclient import TestClient
+
+    app, _ = _guarded_app(api_key="k", public_endpoints=public)
+    with TestClient(app) as c:
+        for path in ("/metrics", "/openapi.json", "/docs", "/redoc"):
+            status = c.get(path).status_code
+            assert status == (200 if public else 401), path
+            assert c.get(path, headers={"Authorization": "Bearer k"}).status_code == 200, path
+        assert c.get("/health").status_code == 200
+        assert c.post("/v1/echo", content=b"x").status_code == 401
+
+
+@pytest.mark.parametrize(
+    "tpl",
+    [
+        "{{ 'x' * 1000000001 }}",
+        "{{ [1] * 1000000001 }}",
+        "{{ 2 ** 100000000 }}",
+        "{{ '%999999999s' % 1 }}",
+        "{{ '{:>999999999}'.format(1) }}",
+        "{{ 'x'.center(1000000000) }}",
+        "{{ 'x' | center(1000000000) }}",
+        "{{ 'x' | indent(1000000000, true) }}",
+        "{% for i in range(1000000000) %}{% endfor %}",
+        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
+        "{% endfor %}{{ ns.s | length }}",
+        "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
+        "{% set s = 'x' * 100000 %}{{ s.replace('x', s) | length }}",
+        "{{ ('{0}' * 30000).format('x' * 100000) }}",
+        "{{ ('%s' * 30000) | format(*(['x' * 100000] * 30000)) }}",
+        "{{ ([s] * 100000) | join }}".replace("s", "'x' * 100000"),
+        "{{ ''.join([s] * 100000) }}".replace("s", "'x' * 100000"),
+        "{{ ''.join(([s] * 100000) | map('upper')) }}".replace("s", "'x' * 100000"),
+    ],
+)
+def test_sandbox_bounds_what_a_render_builds(tpl: str) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ChatTemplateError):
+        render_chat(tpl, [{"role": "user", "content": "hi"}])
+    assert time.monotonic() - t0 < 3
+
+
+def test_sandbox_keeps_ordinary_templates() -> None:
+    tpl = ("{{ '=' * 40 }}{% for m in messages %}{{ m.content.center(20) }}"
+           "{{ '%5s' % m.role }}{{ '{:>3}'.format(loop.index) }}{% endfor %}{{ 2 ** 10 }}"
+           "{{ range(3) | join(',') }}{{ no_such_var | default(1000000) }}{{ '%s-%s' | format(1, 2) }}")
+    out = render_chat(tpl, [{"role": "user", "content": "hi"}])
+    assert out == "=" * 40 + "hi".center(20) + " user  1" + "1024" + "0,1,2" + "1000000" + "1-2"
+
+
+def test_render_timeout_stops_the_thread_and_leaves_the_loop_free() -> None:
+    import asyncio
+    import threading
+
+    from fulcrum.entrypoints.openai.chat_template import render_chat_async
+
+    spin = "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"
+
+    async def main() -> tuple[int, float]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        t = asyncio.create_task(ticker())
+        t0 = time.monotonic()
+        with pytest.raises(ChatTemplateError, match="took longer"):
+            await render_chat_async(spin, [], timeout=0.5)
+        t.cancel()
+        return ticks, time.monotonic() - t0
+
+    ticks, elapsed = asyncio.run(main())
+    assert elapsed < 2 and ticks > 10  # the loop kept running while the template spun
+    deadline = time.monotonic() + 5
+    while any(th.name == "chat-template" for th in threading.enumerate()):
+        assert time.monotonic() < deadline, "the runaway render was not stopped"
+        time.sleep(0.05)
+
+
+def test_template_cache_is_bounded_by_size() -> None:
+    from fulcrum.entrypoints.openai import chat_template as ct
+
+    for i in range(40):
+        big = "{# " + str(i) * (ct.CACHE_CHARS // 16) + " #}{{ messages | length }}"
+        assert render_chat(big, []) == "0"
+    assert ct._CACHE.chars <= ct.CACHE_CHARS and len(ct._CACHE.items) < 40
+
+
+def test_bounded_sandbox_renders_the_model_template_as_transformers(smollm_tokenizer) -> None:
+    from fulcrum.entrypoints.openai.chat_template import special_tokens_of
+
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi " * 50},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "And 100 % {0} more?"},
+    ]
+    want = smollm_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    got = render_chat(
+        smollm_tokenizer.chat_template, msgs, special_tokens=special_tokens_of(smollm_tokenizer)
+    )
+    assert got == want

@@ -43,6 +43,37 @@ class AttentionMetadata:
     # Per-step scratch a backend may fill on the first layer and reuse on the others.
     backend_cache: dict = field(default_factory=dict)
 
+    @classmethod
+    def build(
+        cls,
+        *,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        query_start_loc_cpu: list[int],
+        seq_lens_cpu: list[int],
+        max_query_len: int,
+        max_seq_len: int,
+    ) -> AttentionMetadata:
+        """The one way a step's metadata is made (eager steps, decode and piecewise graphs, the
+        start-up passes): the token and request counts are read off the host query starts, so
+        they cannot disagree with them. ``slot_mapping`` may be longer than ``num_tokens`` (a
+        graph bucket's padding rows, slot -1); a captured graph passes placeholder host lists
+        and the largest ``max_seq_len`` it serves, since its kernels read only device tensors."""
+        return cls(
+            num_tokens=query_start_loc_cpu[-1],
+            num_reqs=len(seq_lens_cpu),
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=block_tables,
+            slot_mapping=slot_mapping,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+            query_start_loc_cpu=query_start_loc_cpu,
+            seq_lens_cpu=seq_lens_cpu,
+        )
+
     @property
     def is_pure_decode(self) -> bool:
         return self.max_query_len == 1

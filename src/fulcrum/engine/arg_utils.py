@@ -14,6 +14,13 @@ from fulcrum.config import (
     resolve_dtype,
 )
 
+
+def _help_with_default(text: str) -> str:
+    """Append argparse's default unless the help text already names its own (a None default
+    there means "the model's", "the embedded model", ... which the text says better)."""
+    return text if "default" in text.lower() else text + " (default: %(default)s)"
+
+
 _HELP = {
     "model": "Model: a Hugging Face directory, a .gguf file, or a name/path under configs/ with "
     "--load-format dummy. Default: the embedded SmolLM2-135M-Instruct.",
@@ -85,7 +92,7 @@ class EngineArgs:
                     flag,
                     action=argparse.BooleanOptionalAction,
                     default=default,
-                    help=_HELP[f.name] + " (default: %(default)s)",
+                    help=_help_with_default(_HELP[f.name]),
                 )
                 continue
             base = str(f.type).split(" ")[0]
@@ -100,7 +107,7 @@ class EngineArgs:
                 type=typ,
                 default=default,
                 choices=choices,
-                help=_HELP[f.name] + " (default: %(default)s)",
+                help=_help_with_default(_HELP[f.name]),
             )
         return parser
 

@@ -70,6 +70,7 @@ class StatsSink(Protocol):
 class _RequestState:
     arrival_time: float
     num_prompt_tokens: int
+    num_seqs: int  # n: the scheduler runs each choice as its own sequence
     queue: asyncio.Queue[RequestOutput | BaseException] = field(default_factory=asyncio.Queue)
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -186,6 +187,11 @@ class AsyncEngine:
         return len(self._states)
 
     @property
+    def num_seqs_in_flight(self) -> int:
+        """Sequences submitted and not yet finished (a request with n choices counts n)."""
+        return sum(s.num_seqs for s in self._states.values())
+
+    @property
     def core_pid(self) -> int | None:
         return self.client.pid
 
@@ -219,7 +225,7 @@ class AsyncEngine:
             raise ValueError(f"request_id {request_id!r} is already in flight.")
         arrival = arrival_time if arrival_time is not None else time.time()
         max_tokens = params.max_tokens or max(self.max_model_len - len(prompt_token_ids), 1)
-        state = _RequestState(arrival, len(prompt_token_ids))
+        state = _RequestState(arrival, len(prompt_token_ids), params.n)
         self._states[request_id] = state
         self.processor.add_request(request_id, prompt, prompt_token_ids, params, arrival, stream)
         self._submit(

@@ -30,6 +30,7 @@ from fulcrum.protocol import (
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.scheduler.scheduler import Scheduler
 from fulcrum.worker.model_runner import ModelRunner
+from fulcrum.worker.startup import prepare_runner
 from fulcrum.worker.step_sampling import StepHandle
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,7 @@ class EngineCore:
         t0 = time.perf_counter()
         self.config = config
         self.runner = ModelRunner(config)
-        num_blocks = self.runner.determine_num_blocks()
-        self.runner.allocate_kv_cache(num_blocks)
+        num_blocks = prepare_runner(self.runner)
         sc = config.scheduler_config
         bs = config.cache_config.block_size
         if num_blocks * bs < sc.max_model_len:

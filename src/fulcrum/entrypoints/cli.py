@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from fulcrum import __version__
+
 # (subcommand module, exposes add_parser(subparsers) that sets `func` on its parser)
 _SUBCOMMANDS = [
     "fulcrum.entrypoints.cli_generate",  # generate, chat
@@ -20,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fulcrum",
         description="fulcrum: an LLM inference and serving engine.",
     )
+    parser.add_argument("--version", action="version", version=f"fulcrum {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod_name in _SUBCOMMANDS:
         try:

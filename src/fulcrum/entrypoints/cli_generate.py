@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 
 from fulcrum.engine.arg_utils import EngineArgs
 
@@ -30,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     chat = sub.add_parser("chat", help="Interactive terminal chat that streams tokens.",
                           description="Chat with the model in the terminal; /reset clears the "
-                          "history, /exit or Ctrl-D quits.")
+                          "history, /exit, Ctrl-D or Ctrl-C at the prompt quits, Ctrl-C during "
+                          "a reply cancels it.")
     chat.add_argument("--system", default=None, help="Optional system prompt.")
     _add_sampling_args(chat)
     EngineArgs.add_cli_args(chat)
@@ -53,8 +58,8 @@ def _llm(args: argparse.Namespace):
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    params = _params(args)  # a bad sampling flag is reported before the model loads
     llm = _llm(args)
-    params = _params(args)
     if args.chat_format:
         out = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)
     else:
@@ -63,8 +68,25 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _sigint_between_steps() -> Iterator[threading.Event]:
+    """Ctrl-C sets a flag the step loop checks, so an interrupt never lands inside a step (the
+    scheduler's and the runner's state stay consistent for the next turn)."""
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def stream_reply(llm, messages: list[dict], params, write=sys.stdout.write) -> str:
-    """Run one chat turn in-process, writing text as it is produced; returns the reply."""
+    """Run one chat turn in-process, writing text as it is produced; returns the reply.
+
+    Ctrl-C aborts the request in the engine between steps, then raises KeyboardInterrupt."""
     from fulcrum.entrypoints.llm import resolve_max_tokens
     from fulcrum.protocol import EngineCoreRequest, to_wire
 
@@ -75,40 +97,78 @@ def stream_reply(llm, messages: list[dict], params, write=sys.stdout.write) -> s
     llm.core.add_request(EngineCoreRequest(rid, ids, to_wire(params, resolve_max_tokens(params, len(ids), llm.max_model_len))))
     llm.processor.add_request(rid, text, ids, params, stream=True)
     reply = []
-    while llm.core.has_unfinished_requests():
-        outs = llm.core.step()
-        results, to_abort = llm.processor.process_outputs(outs.outputs)
-        if to_abort:
-            llm.core.abort_requests(to_abort)
-        for r in results:
-            delta = r.outputs[0].text
-            reply.append(delta)
-            write(delta)
-            sys.stdout.flush()
+    try:
+        with _sigint_between_steps() as interrupted:
+            while llm.core.has_unfinished_requests():
+                if interrupted.is_set():
+                    raise KeyboardInterrupt
+                outs = llm.core.step()
+                results, to_abort = llm.processor.process_outputs(outs.outputs)
+                if to_abort:
+                    llm.core.abort_requests(to_abort)
+                for r in results:
+                    delta = r.outputs[0].text
+                    reply.append(delta)
+                    write(delta)
+                    sys.stdout.flush()
+    except KeyboardInterrupt:
+        llm.core.abort_requests([rid])
+        llm.processor.abort_request(rid)
+        while llm.core.has_unfinished_requests():  # collect the step already launched
+            llm.core.step()
+        raise
     return "".join(reply)
 
 
-def run_chat(args: argparse.Namespace) -> int:
-    llm = _llm(args)
-    params = _params(args)
-    history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
-    print("fulcrum chat: type a message; /reset clears the history, /exit quits.", flush=True)
+COMMANDS = {"/reset": "clear the history", "/exit": "quit (also /quit, Ctrl-D, Ctrl-C)"}
+_QUIT = ("/exit", "/quit")
+
+
+def chat_loop(
+    reply: Callable[[list[dict]], str],
+    system: str | None = None,
+    read: Callable[[str], str] = input,
+    out: Callable[[str], None] = print,
+) -> int:
+    """The interactive loop of `fulcrum chat`, apart from the model: ``reply(history)`` streams
+    one answer and returns its text. Ctrl-C during a reply cancels that turn only (the message
+    is dropped from the history); Ctrl-C or Ctrl-D at the prompt quits. A line starting with
+    ``/`` is a command; ``//`` sends a message that starts with ``/``."""
+    history: list[dict] = [{"role": "system", "content": system}] if system else []
+    listing = ", ".join(f"{c} ({what})" for c, what in COMMANDS.items())
+    out(f"fulcrum chat: type a message; commands: {listing}.")
     while True:
         try:
-            line = input("\n> ")
-        except EOFError:
-            print()
+            line = read("\n> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            out("")
             return 0
-        line = line.strip()
         if not line:
             continue
-        if line in ("/exit", "/quit"):
-            return 0
-        if line == "/reset":
-            history = history[:1] if args.system else []
-            print("(history cleared)")
+        if line.startswith("/") and not line.startswith("//"):
+            cmd = line.split()[0]
+            if cmd in _QUIT:
+                return 0
+            if cmd == "/reset":
+                history = history[:1] if system else []
+                out("(history cleared)")
+            else:
+                out(f"unknown command {cmd}; commands: {listing}.")
             continue
+        if line.startswith("//"):
+            line = line[1:]
         history.append({"role": "user", "content": line})
-        reply = stream_reply(llm, history, params)
-        print(flush=True)
-        history.append({"role": "assistant", "content": reply})
+        try:
+            answer = reply(history)
+        except KeyboardInterrupt:
+            history.pop()
+            out("\n(reply cancelled)")
+            continue
+        out("")
+        history.append({"role": "assistant", "content": answer})
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    params = _params(args)
+    llm = _llm(args)
+    return chat_loop(lambda history: stream_reply(llm, history, params), args.system)

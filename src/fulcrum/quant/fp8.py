@@ -10,7 +10,8 @@ FP8 tensor cores and applies both scales on the way out::
 
 Half the weight bytes of bf16 -- what a bandwidth-bound decode step reads -- and twice the
 tensor-core rate of bf16 on Hopper. Needs a GPU with FP8 tensor cores (compute capability 8.9
-or later) or the CPU (where the same ops run, slowly, for tests).
+or later) or the CPU, where the same product is computed in fp32 from the FP8 operands widened
+on the fly (the weights stay FP8 in memory; slow, for tests and small models).
 
 A one-row call on CUDA (a batch-1 decode step) runs the Triton GEMV instead
 (``kernels/gemv.py``: the e4m3 rows widened in registers, the row scale applied to the sum, the
@@ -92,14 +93,25 @@ class Fp8Linear(nn.Module):
             q, s = per_token_quant_fp8(x2)
         else:
             q, s = per_token_quant_fp8_ref(x2)
+            if not x2.is_cuda:
+                y = self._dequantized_mm(q, s).to(x.dtype)
+                return self._add_bias(y).view(*x.shape[:-1], self.out_features)
         # Row-wise scales on CUDA come out in bf16 only with some backends (CUTLASS).
         out_dtype = torch.bfloat16 if x2.is_cuda else x.dtype
         y = torch._scaled_mm(
             q, self.weight.t(), scale_a=s, scale_b=self.weight_scale, out_dtype=out_dtype
         ).to(x.dtype)
-        if self.bias is not None:  # added apart: not every backend takes a bias with row scales
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
+        return self._add_bias(y).view(*x.shape[:-1], self.out_features)
+
+    def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
+        # Added apart: not every backend takes a bias with row scales.
+        return y if self.bias is None else y + self.bias
+
+    def _dequantized_mm(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """The same product as ``_scaled_mm``, in fp32 on widened copies of the FP8 operands:
+        CPU builds of torch differ in what ``_scaled_mm`` takes (some only per-tensor scales),
+        and the weight stays FP8 in memory (only this call's fp32 copy is transient)."""
+        return (q.float() @ self.weight.float().t()) * s * self.weight_scale
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3"

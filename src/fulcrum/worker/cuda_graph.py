@@ -1,4 +1,4 @@
-"""CUDA graphs for pure-decode steps, and the pinned host staging every step copies through.
+"""CUDA graphs for pure-decode steps.
 
 One graph per batch-size bucket, replayed on padded batches.
 
@@ -41,22 +41,22 @@ import numpy as np
 import torch
 
 from fulcrum.attention.backend import AttentionMetadata
+from fulcrum.worker.host_staging import pinned
 from fulcrum.worker.precompile import compile_ahead
 
 logger = logging.getLogger(__name__)
 
 MAX_CAPTURE_SIZE = 512
-# The sampled-id patch inside each graph rather than a launch between replays. On an H200 a
-# kernel launched between two replays made each replay ~80 us slower (an H2D copy there did
-# not); batch-1 ITL at a 1,000-token context 4.017 -> 3.928 ms (BENCHMARKS.md, tenth session).
-# ``FULCRUM_GRAPH_PATCH=0`` turns it off.
+# The sampled-id patch inside each graph rather than a launch between replays: on an H200 a
+# kernel launched between two replays measurably slows the next replay (an H2D copy there does
+# not), which shows in single-stream ITL. ``FULCRUM_GRAPH_PATCH=0`` turns it off.
 PATCH_IN_GRAPH = os.environ.get("FULCRUM_GRAPH_PATCH", "1") == "1"
 
 # The eager warm-up step before each bucket's capture, so that no Triton variant compiles
 # inside a capture. Where compile-ahead's dry run ran, it is skipped unless
 # ``FULCRUM_CAPTURE_WARMUP=1``: a variant the dry run missed compiles in the capture itself,
-# and the start-up log counts those (0 on the H200 at Llama-8B shapes). There the 43 warm-ups
-# took 1.1 s of a 13.4 s cold start (BENCHMARKS.md, eleventh session).
+# and the start-up log counts those (none on an H200 at Llama-8B shapes), while a warm-up per
+# bucket is a visible share of a cold start.
 CAPTURE_WARMUP = os.environ.get("FULCRUM_CAPTURE_WARMUP", "0") == "1"
 
 # forward(input_ids, positions, meta, out=None) -> (logits [num_tokens, vocab], greedy ids
@@ -72,53 +72,6 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     if out[-1] != cap:
         out.append(cap)
     return out
-
-
-def pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A host tensor the device can copy from asynchronously (plain memory without CUDA)."""
-    t = torch.empty(shape, dtype=dtype)
-    return t.pin_memory() if device.type == "cuda" else t
-
-
-class HostStaging:
-    """Named host buffers that grow on demand (pinned on CUDA, so copies are asynchronous).
-
-    Reused every step: ``fence`` records an event after a step's copies are queued and ``wait``
-    (at the next step's start) blocks until they are done -- normally long since, because a step
-    that samples already waited for its ids; a prefill-chunk step samples nothing.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._bufs: dict[str, torch.Tensor] = {}
-        self._event = torch.cuda.Event() if device.type == "cuda" else None
-
-    def fence(self) -> None:
-        if self._event is not None:
-            self._event.record()
-
-    def wait(self) -> None:
-        if self._event is not None:
-            self._event.synchronize()
-
-    def get(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        buf = self._bufs.get(name)
-        if buf is None or buf.numel() < numel or buf.dtype != dtype:
-            buf = pinned(
-                (max(numel, 2 * (buf.numel() if buf is not None else 0), 64),), dtype, self.device
-            )
-            self._bufs[name] = buf
-        return buf[:numel]
-
-    def put(
-        self, name: str, values: np.ndarray, dtype: torch.dtype, out: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """``values`` → device, through this buffer (non-blocking): a new tensor, or ``out``."""
-        host = self.get(name, values.size, dtype)
-        host.numpy()[...] = values.reshape(-1)
-        if out is None:
-            return host.view(values.shape).to(self.device, non_blocking=True)
-        return out.copy_(host.view(values.shape), non_blocking=True)
 
 
 class _CompileCounter:
@@ -219,9 +172,7 @@ class DecodeGraphs:
     # -- capture ------------------------------------------------------------------------------
 
     def _meta(self, b: int) -> AttentionMetadata:
-        return AttentionMetadata(
-            num_tokens=b,
-            num_reqs=b,
+        return AttentionMetadata.build(
             query_start_loc=self.query_start_loc[: b + 1],
             seq_lens=self.seq_lens[:b],
             block_tables=self.block_tables[:b],
@@ -281,7 +232,7 @@ class DecodeGraphs:
 
     def dry_run(self) -> None:
         """The warm-up steps on padding rows, without capturing: for ``compile_ahead`` to
-        compile their variants (the runner's profiling pass, before the KV pool exists)."""
+        compile their variants (start-up's profiling pass, before the KV pool exists)."""
         self._fill_padding()
         self._warm_up()
 

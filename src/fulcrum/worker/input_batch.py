@@ -18,7 +18,7 @@ import torch
 
 from fulcrum.protocol import WireSamplingParams
 from fulcrum.scheduler.output import SchedulerOutput
-from fulcrum.worker.cuda_graph import HostStaging
+from fulcrum.worker.host_staging import HostStaging
 from fulcrum.worker.sampler import fused_sampling, plain_greedy
 
 

@@ -14,14 +14,11 @@ A step is launched without waiting on the device and collected later (``execute_
               argmax, the sort-free sampling kernels, or the sorting Sampler)
 
 The host-side arrays (block-table rows kept per request, ids, positions, slots) are built in
-``worker/input_batch.py``.
+``worker/input_batch.py``. Start-up (sizing the KV pool, compiling ahead, capturing the graphs)
+is ``worker/startup.py``; it calls ``allocate_kv_cache`` and fills ``graphs``/``piecewise``.
 """
 
 from __future__ import annotations
-
-import functools
-import logging
-import time
 
 import numpy as np
 import torch
@@ -34,16 +31,11 @@ from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
 from fulcrum.model.loader.weights import load_model
 from fulcrum.protocol import Logprobs
 from fulcrum.scheduler.output import SchedulerOutput
-from fulcrum.worker.cuda_graph import DecodeGraphs, HostStaging, capture_sizes
+from fulcrum.worker.cuda_graph import DecodeGraphs
+from fulcrum.worker.host_staging import HostStaging
 from fulcrum.worker.input_batch import InputBuilder, ReqState
-from fulcrum.worker.piecewise_graph import PiecewiseGraphs, token_buckets
-from fulcrum.worker.precompile import compile_ahead
-from fulcrum.worker.sampler import greedy_argmax
+from fulcrum.worker.piecewise_graph import PiecewiseGraphs
 from fulcrum.worker.step_sampling import StepHandle, StepSampler
-
-logger = logging.getLogger(__name__)
-
-_DEFAULT_CPU_KV_GIB = 2.0
 
 
 class ModelRunner:
@@ -87,95 +79,8 @@ class ModelRunner:
         elem = torch.tensor([], dtype=self.kv_dtype).element_size()
         return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * elem
 
-    def determine_num_blocks(self) -> int:
-        cc = self.config.cache_config
-        if cc.num_blocks is not None:
-            return cc.num_blocks
-        if self.device.type == "cuda" and cc.kv_cache_memory is None:
-            t0 = time.perf_counter()
-            blocks = self._profile_cuda_blocks()
-            self.timings["kv_profile_s"] = time.perf_counter() - t0
-            logger.info("KV profiling took %.2f s", self.timings["kv_profile_s"])
-            return blocks
-        gib = cc.kv_cache_memory if cc.kv_cache_memory is not None else _DEFAULT_CPU_KV_GIB
-        return max(2, int(gib * (1 << 30)) // self.bytes_per_block)
-
-    @torch.inference_mode()
-    def _profile_cuda_blocks(self) -> int:
-        """Run a maximal batch without a KV pool, then give the pool what utilisation allows."""
-        n = self.config.scheduler_config.max_num_batched_tokens
-        compile_ahead(lambda: self._compile_pass(n), "KV profiling and decode-graph capture")
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self._dummy_forward(n)
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        free, total = torch.cuda.mem_get_info(self.device)
-        used_by_others = total - free - torch.cuda.memory_reserved(self.device)
-        budget = total * self.config.cache_config.gpu_memory_utilization - peak - used_by_others
-        blocks = int(budget // self.bytes_per_block)
-        if blocks < 2:
-            raise ValueError(
-                f"gpu_memory_utilization: no room for the KV cache (peak {peak / 2**30:.1f} GiB "
-                f"of {total / 2**30:.1f} GiB); raise it or lower max_num_batched_tokens."
-            )
-        return blocks
-
-    def _compile_pass(self, num_tokens: int) -> None:
-        """Profiling's step, then the decode graphs' dry-run steps over a scratch cache: under
-        ``compile_ahead`` their Triton variants compile in one parallel batch, before profiling
-        (capture's own compile-ahead then finds them compiled)."""
-        self._dummy_forward(num_tokens)
-        if self.attn_backend.name != "triton" or self.config.enforce_eager:
-            return
-        forward = functools.partial(self._decode_logits, kv_caches=self._scratch_cache())
-        sizes = capture_sizes(self.config.scheduler_config.max_num_seqs)
-        args = (self.max_blocks, self.block_size, self.max_model_len, self.device)
-        DecodeGraphs(forward, sizes, *args).dry_run()
-
-    def _scratch_cache(self) -> list[torch.Tensor]:
-        """A one-block KV cache per layer."""
-        mc = self.config.model_config
-        shape = (2, 1, self.block_size, mc.num_kv_heads, mc.head_dim)
-        return [
-            torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-            for _ in range(mc.num_layers)
-        ]
-
-    def _dummy_forward(self, num_tokens: int) -> None:
-        """A maximal step against a one-block scratch cache: one request with a block-long
-        prompt (so the prefill kernels compile now, not at the first request) and single-token
-        decode rows for the rest of the budget."""
-        scratch = self._scratch_cache()
-        q_len = min(self.block_size, num_tokens)
-        lens = [q_len] + [1] * (num_tokens - q_len)
-        qsl = [0]
-        for n in lens:
-            qsl.append(qsl[-1] + n)
-        n_reqs, dev = len(lens), self.device
-        ids = torch.zeros(num_tokens, dtype=torch.long, device=dev)
-        pos = torch.zeros(num_tokens, dtype=torch.long, device=dev)
-        pos[:q_len] = torch.arange(q_len, device=dev)
-        meta = AttentionMetadata(
-            num_tokens=num_tokens,
-            num_reqs=n_reqs,
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
-            block_tables=torch.zeros(n_reqs, 1, dtype=torch.int32, device=dev),
-            slot_mapping=torch.cat(
-                [pos[:q_len], torch.zeros(num_tokens - q_len, dtype=torch.long, device=dev)]
-            ),
-            max_query_len=q_len,
-            max_seq_len=q_len,
-            query_start_loc_cpu=qsl,
-            seq_lens_cpu=lens,
-        )
-        hidden = self.model(ids, pos, scratch, meta)
-        logits = self.model.compute_logits(hidden[: self.config.scheduler_config.max_num_seqs])
-        self.sampling.warm(logits)  # its variants compile with the rest
-        logits.float()  # the sorting sampler's copy, for the peak
-
     def allocate_kv_cache(self, num_blocks: int) -> None:
+        """The KV pool, one tensor per layer (start-up sizes it, then captures the graphs)."""
         mc = self.config.model_config
         shape = (2, num_blocks, self.block_size, mc.num_kv_heads, mc.head_dim)
         # Zeroed, not empty: the FP8 kernels read V a whole page at a time and weight the tokens
@@ -185,107 +90,6 @@ class ModelRunner:
             for _ in range(mc.num_layers)
         ]
         self.num_blocks = num_blocks
-        if self.device.type == "cuda" and not self.config.enforce_eager:
-            self.capture_graphs()
-            if self.config.piecewise_graph_max_tokens > 0:
-                self.capture_piecewise()
-
-    # -- CUDA graphs --------------------------------------------------------------------------
-
-    def _decode_logits(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        out: torch.Tensor | None = None,
-        kv_caches: list[torch.Tensor] | None = None,  # None: the KV pool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        caches = self.kv_caches if kv_caches is None else kv_caches
-        logits = self.model.compute_logits(self.model(input_ids, positions, caches, meta))
-        return logits, greedy_argmax(logits, out)
-
-    def capture_graphs(self, emulate: bool = False) -> None:
-        """Capture decode graphs for every bucket up to ``max_num_seqs`` (capped at 512).
-
-        ``emulate`` replays by re-running the forward (checks the padding logic off CUDA)."""
-        if self.attn_backend.name != "triton":
-            logger.info("CUDA graphs need the triton attention backend; running eagerly.")
-            return
-        sizes = capture_sizes(self.config.scheduler_config.max_num_seqs)
-        graphs = DecodeGraphs(
-            self._decode_logits,
-            sizes,
-            self.max_blocks,
-            self.block_size,
-            self.max_model_len,
-            self.device,
-            emulate=emulate,
-        )
-        # the sampler runs after each replay: compiled now too (found compiled when KV profiling
-        # ran; the LM head of a zero row gives logits of the serving dtype and width)
-        hidden = torch.zeros(1, self.config.model_config.hf_config.hidden_size, device=self.device)
-        logits = self.model.compute_logits(hidden.to(self.dtype))
-        compile_ahead(functools.partial(self.sampling.warm, logits), "the sampler")
-        self.sampling.warm(logits)
-        dt = self._capture(graphs, "decode")
-        if dt is None:
-            return
-        self.graphs, self.use_cuda_graphs = graphs, True
-        self.timings["graph_capture_s"] = dt
-        logger.info(
-            "Captured %d decode graphs (batch %d..%d) in %.2f s (eager warm-ups %.2f s; "
-            "%d Triton variants compiled in the capture loop)",
-            len(sizes),
-            sizes[0],
-            sizes[-1],
-            dt,
-            graphs.warmup_time,
-            graphs.compiled_in_loop,
-        )
-
-    @staticmethod
-    def _capture(graphs: DecodeGraphs | PiecewiseGraphs, what: str) -> float | None:
-        """Seconds the capture took; None if it failed (an optimisation: those steps stay eager)."""
-        try:
-            return graphs.capture()
-        except RuntimeError as e:
-            logger.warning("CUDA graph capture (%s) failed (%s); running eagerly.", what, e)
-            return None
-
-    def capture_piecewise(self, emulate: bool = False) -> None:
-        """Capture prefill/mixed steps of up to ``piecewise_graph_max_tokens`` tokens as segment
-        graphs around attention (``emulate``: replays re-run the segments, off CUDA)."""
-        body = getattr(self.model, "model", None)
-        if self.attn_backend.name != "triton" or not hasattr(body, "segment"):
-            logger.info("Piecewise CUDA graphs need the triton backend and a segmented model.")
-            return
-        most = self.config.scheduler_config.max_num_batched_tokens  # no step has more tokens
-        sizes = token_buckets(min(self.config.piecewise_graph_max_tokens, most))
-        mc = self.config.model_config
-        pw = PiecewiseGraphs(
-            body,
-            self.kv_caches,
-            sizes,
-            mc.hf_config.num_attention_heads,
-            mc.head_dim,
-            self.dtype,
-            self.device,
-            emulate=emulate,
-        )
-        dt = self._capture(pw, "piecewise prefill")
-        if dt is None:
-            return
-        self.piecewise, self.use_cuda_graphs = pw, True
-        self.timings["piecewise_capture_s"] = dt
-        logger.info(
-            "Captured piecewise prefill graphs (%d token buckets %d..%d, %d segments each) "
-            "in %.2f s",
-            len(sizes),
-            sizes[0],
-            sizes[-1],
-            len(pw.graphs[sizes[0]]),
-            dt,
-        )
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -358,9 +162,7 @@ class ModelRunner:
             return logits, self._graph_ids
         seq_lens = pos + 1
         st, dev = self._staging, self.device
-        meta = AttentionMetadata(
-            num_tokens=n,
-            num_reqs=n,
+        meta = AttentionMetadata.build(
             query_start_loc=self._arange[: n + 1],
             seq_lens=st.put("seq_lens", seq_lens, torch.int32),
             block_tables=table.to(dev, non_blocking=True),
@@ -393,9 +195,7 @@ class ModelRunner:
             gb.pad(bucket)
             static = pw.inputs(bucket)
         st, dev = self._staging, self.device
-        meta = AttentionMetadata(
-            num_tokens=total,
-            num_reqs=len(states),
+        meta = AttentionMetadata.build(
             query_start_loc=st.put("qsl", qsl, torch.int32),
             seq_lens=st.put("seq_lens", gb.seq_lens, torch.int32),
             block_tables=gb.table.to(dev, non_blocking=True),

@@ -1,7 +1,7 @@
 """CUDA graphs for prefill and mixed steps, captured piecewise around attention.
 
 Run eagerly, a step launches every op of every layer from Python, and for a short prompt the
-host takes longer to launch them than the GPU takes to run them (BENCHMARKS.md §3: ~470 µs of
+host takes longer to launch them than the GPU takes to run them (on an H200, hundreds of µs of
 host time per layer). Attention cannot join a graph here: its launches depend on the step's
 requests (the prefill kernel's work list, the decode rows). Everything else in a layer -- norms,
 the four GEMMs, rotary, SiLU -- depends on the token count only. So each token bucket ``T`` gets

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from fulcrum import __version__
 from fulcrum.engine.async_engine import AsyncEngine, EngineDeadError
 from fulcrum.entrypoints.openai import errors as E
+from fulcrum.entrypoints.openai import openapi
 from fulcrum.entrypoints.openai.chat_template import ChatTemplateError
 from fulcrum.entrypoints.openai.metrics import CONTENT_TYPE, ServerMetrics
 from fulcrum.entrypoints.openai.middleware import ServerGuard
@@ -46,7 +47,6 @@ EngineFactory = Callable[[ServerMetrics], Awaitable[AsyncEngine]]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 429, 503)
 }
-_SSE = {"text/event-stream": {"schema": {"type": "string"}}}
 
 
 def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
@@ -82,7 +82,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     @app.post(
         "/v1/chat/completions",
         response_model=ChatCompletionResponse,
-        responses={**_ERRORS, 200: {"content": _SSE}},
+        responses={**_ERRORS, 200: {"content": openapi.SSE}},
     )
     async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
         return await chat.create(body, raw)
@@ -90,7 +90,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     @app.post(
         "/v1/completions",
         response_model=CompletionResponse,
-        responses={**_ERRORS, 200: {"content": _SSE}},
+        responses={**_ERRORS, 200: {"content": openapi.SSE}},
     )
     async def create_completion(body: CompletionRequest, raw: Request) -> Response:
         return await completions.create(body, raw)
@@ -119,7 +119,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
         chat.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise E.bad_request("Give exactly one of prompt or messages.", "prompt")
-        tok = chat.tokenizer
+        tok = chat.need_tokenizer("/tokenize", "prompt" if body.prompt is not None else "messages")
         if body.messages is not None:
             if not body.messages:
                 raise E.bad_request("messages must not be empty.", "messages")
@@ -127,7 +127,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
                 messages=body.messages, add_generation_prompt=body.add_generation_prompt
             )
             try:
-                _, ids = chat.render(req, messages_as_dicts(body.messages))
+                _, ids = await chat.render(req, messages_as_dicts(body.messages))
             except ChatTemplateError as e:
                 raise E.value_error(e) from None
         else:
@@ -141,16 +141,17 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         chat.check_model(body.model)
         chat.check_token_ids(body.tokens, "tokens")
-        return DetokenizeResponse(prompt=str(chat.tokenizer.decode(body.tokens)))
+        tok = chat.need_tokenizer("/detokenize", "tokens")
+        return DetokenizeResponse(prompt=str(tok.decode(body.tokens)))
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses=openapi.HEALTH)
     async def health() -> Response:
         """Liveness: 200 while the engine process is alive (also while draining)."""
         if state.engine is None or state.engine.dead is not None:
             return E.error_response(E.engine_dead())
         return Response(status_code=200)
 
-    @app.get("/ready")
+    @app.get("/ready", response_class=JSONResponse, responses=openapi.READY)
     async def ready() -> Response:
         """Readiness: the model is loaded and the server is not draining."""
         if state.draining:
@@ -159,18 +160,19 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
             return E.error_response(E.engine_dead())
         return JSONResponse({"status": "ready", "model": state.model_name})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses=openapi.METRICS)
     async def metrics() -> Response:
         if state.engine is not None:
             state.metrics.num_in_flight = state.engine.num_in_flight
             state.engine.request_stats()  # fresh numbers for the next scrape
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/version")
+    @app.get("/version", response_class=JSONResponse, responses=openapi.VERSION)
     async def version() -> JSONResponse:
         return JSONResponse({"version": __version__})
 
     app.add_middleware(ServerGuard, state=state)
+    openapi.install(app, state)
     return app
 
 

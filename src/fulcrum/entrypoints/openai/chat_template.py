@@ -1,59 +1,80 @@
-"""Chat templates rendered in a sandboxed Jinja environment.
+"""Chat templates rendered in a bounded sandbox, off the event loop.
 
 The template comes from the model (its tokenizer config or GGUF metadata, exposed by the Hugging
 Face tokenizer as ``chat_template``). A request may carry its own template only when the server
-runs with ``--trust-request-chat-template``; templates are compiled once and cached.
+runs with ``--trust-request-chat-template``. Either way a render is bounded three ways:
+what it may build (template_sandbox.py), how long its output may be (MAX_RENDERED_CHARS), and
+how long it may run (``timeout``): ``render_chat_async`` compiles and renders in a thread of its
+own, so /health and every stream keep being served meanwhile, and a render past its time is
+stopped by an exception raised inside that thread (a Python thread cannot be killed, but pure
+Python code such as a compiled template can be interrupted that way). Compiled templates are
+cached by total source size, so many distinct templates cannot pile up in memory.
 """
 
 from __future__ import annotations
 
-import json
-from datetime import datetime
-from functools import lru_cache
+import asyncio
+import contextlib
+import ctypes
+import threading
+import time
+from collections import OrderedDict
 from typing import Any
 
-from jinja2 import TemplateError, Undefined
+from jinja2 import Template, TemplateError
 from jinja2.exceptions import SecurityError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-MAX_RENDERED_CHARS = 8 * 1024 * 1024
+from fulcrum.entrypoints.openai.template_sandbox import (
+    BUDGET,
+    MAX_RENDERED_CHARS,
+    ChatTemplateError,
+    make_env,
+)
 
-
-class ChatTemplateError(ValueError):
-    """The template failed to render (the message says why); reported as a 400."""
-
-
-def _raise_exception(message: str) -> None:
-    raise ChatTemplateError(f"messages: {message}")
-
-
-def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=False)
+RENDER_TIMEOUT_S = 5.0  # model templates render in milliseconds; this only stops runaway ones
+CACHE_CHARS = 2 * 1024 * 1024  # total source size of the compiled templates kept
 
 
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
+class RenderTimeout(Exception):
+    """Raised inside a render thread that ran past its time."""
 
 
-def _make_env() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, undefined=Undefined, autoescape=False
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
+_ENV = make_env()
 
 
-_ENV = _make_env()
+class _TemplateCache:
+    """LRU of compiled templates, bounded by the total length of their sources."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self.chars = 0
+        self.items: OrderedDict[str, Template] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, source: str) -> Template:
+        with self.lock:
+            hit = self.items.get(source)
+            if hit is not None:
+                self.items.move_to_end(source)
+                return hit
+        try:
+            compiled = _ENV.from_string(source)
+        except SecurityError as e:  # constant folding is off for the bounded operators, but
+            raise ChatTemplateError(f"chat_template: rejected by the sandbox: {e}") from None
+        except TemplateError as e:
+            raise ChatTemplateError(f"chat_template: does not compile: {e}") from None
+        if len(source) <= self.max_chars:
+            with self.lock:
+                if source not in self.items:
+                    self.items[source] = compiled
+                    self.chars += len(source)
+                while self.chars > self.max_chars:
+                    old, _ = self.items.popitem(last=False)
+                    self.chars -= len(old)
+        return compiled
 
 
-@lru_cache(maxsize=32)
-def _compile(source: str) -> Any:
-    try:
-        return _ENV.from_string(source)
-    except TemplateError as e:
-        raise ChatTemplateError(f"chat_template: does not compile: {e}") from None
+_CACHE = _TemplateCache(CACHE_CHARS)
 
 
 def render_chat(
@@ -63,26 +84,101 @@ def render_chat(
     add_generation_prompt: bool = True,
     special_tokens: dict[str, str | None] | None = None,
     extra: dict[str, Any] | None = None,
+    timeout: float = RENDER_TIMEOUT_S,
 ) -> str:
-    """Render ``messages`` with ``template`` in the sandbox; raise ChatTemplateError on failure."""
-    compiled = _compile(template)
+    """Render ``messages`` with ``template`` in the sandbox, in the calling thread; raise
+    ChatTemplateError on failure. The output's length and the time between output pieces are
+    checked as it is produced; ``render_chat_async`` also stops a render that produces nothing."""
+    deadline = time.monotonic() + timeout
+    BUDGET.reset()
     ctx: dict[str, Any] = dict(extra or {})
     ctx.update(special_tokens or {})
     ctx["messages"] = messages
     ctx["add_generation_prompt"] = add_generation_prompt
     try:
-        out = compiled.render(**ctx)
+        compiled = _CACHE.get(template)
+        parts: list[str] = []
+        size = 0
+        for part in compiled.generate(**ctx):
+            size += len(part)
+            if size > MAX_RENDERED_CHARS:
+                raise ChatTemplateError(
+                    "messages: the rendered prompt is longer than "
+                    f"{MAX_RENDERED_CHARS:,} characters."
+                )
+            if time.monotonic() > deadline:
+                raise RenderTimeout
+            parts.append(part)
+        return "".join(parts)
     except ChatTemplateError:
         raise
+    except RenderTimeout:
+        raise _timed_out(timeout) from None
     except SecurityError as e:
         raise ChatTemplateError(f"chat_template: rejected by the sandbox: {e}") from None
     except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
         raise ChatTemplateError(f"messages: the chat template failed to render them: {e}") from None
     except (RecursionError, OverflowError, MemoryError) as e:
         raise ChatTemplateError(f"chat_template: render aborted: {type(e).__name__}") from None
-    if len(out) > MAX_RENDERED_CHARS:
-        raise ChatTemplateError("messages: the rendered prompt is too large.")
-    return out
+
+
+async def render_chat_async(
+    template: str,
+    messages: list[dict[str, Any]],
+    *,
+    timeout: float = RENDER_TIMEOUT_S,
+    **kwargs: Any,
+) -> str:
+    """``render_chat`` in a thread of its own, awaited for at most ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[str] = loop.create_future()
+    lock = threading.Lock()
+    finished = False
+
+    def settle(result: str | None, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result or "")
+
+    def work() -> None:
+        nonlocal finished
+        result: str | None = None
+        error: BaseException | None = None
+        try:
+            result = render_chat(template, messages, timeout=timeout, **kwargs)
+        except BaseException as e:  # handed to the awaiting coroutine
+            error = e
+        finally:
+            with lock:
+                finished = True
+        if isinstance(error, RenderTimeout):
+            error = _timed_out(timeout)
+        with contextlib.suppress(RuntimeError):  # the loop may be gone after a timeout
+            loop.call_soon_threadsafe(settle, result, error)
+
+    thread = threading.Thread(target=work, name="chat-template", daemon=True)
+    thread.start()
+    try:
+        return await asyncio.wait_for(asyncio.shield(done), timeout)
+    except TimeoutError:
+        with lock:
+            if not finished and thread.ident is not None:
+                _interrupt(thread.ident)
+        raise _timed_out(timeout) from None
+
+
+def _timed_out(timeout: float) -> ChatTemplateError:
+    return ChatTemplateError(f"chat_template: rendering took longer than {timeout:g} s.")
+
+
+def _interrupt(thread_id: int) -> None:
+    """Raise RenderTimeout in the thread at its next bytecode boundary."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(RenderTimeout)
+    )
 
 
 def special_tokens_of(tokenizer: Any) -> dict[str, str | None]:
@@ -97,4 +193,9 @@ def _as_str(tok: Any) -> str | None:
     return tok if isinstance(tok, str) else str(getattr(tok, "content", tok))
 
 
-__all__ = ["ChatTemplateError", "render_chat", "special_tokens_of"]
+__all__ = [
+    "ChatTemplateError",
+    "render_chat",
+    "render_chat_async",
+    "special_tokens_of",
+]

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from fulcrum.engine.arg_utils import EngineArgs
+from fulcrum.entrypoints.openai.limits import MAX_LOGPROBS, MAX_N
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -17,6 +18,18 @@ def _positive_int(value: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"must be non-negative, got {n}")
     return n
+
+
+def _bounded_int(low: int, high: int | None) -> Any:
+    def parse(value: str) -> int:
+        n = int(value)
+        if n < low or (high is not None and n > high):
+            top = "" if high is None else f" and at most {high}"
+            raise argparse.ArgumentTypeError(f"must be at least {low}{top}, got {n}")
+        return n
+
+    parse.__name__ = "int"  # argparse names the type in "invalid int value"
+    return parse
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -38,8 +51,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument(
         "--api-key",
         default=None,
-        help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
+        help="Require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize, /metrics, "
+        "/openapi.json, /docs and /redoc; /health, /ready and /version stay open "
         "(default: $FULCRUM_API_KEY, else no key).",
+    )
+    s.add_argument(
+        "--public-endpoints",
+        action="store_true",
+        help="With --api-key, leave /metrics, /openapi.json, /docs and /redoc open (for a "
+        "Prometheus scraper without the key); the API routes still need it.",
     )
     s.add_argument(
         "--served-model-name",
@@ -68,17 +88,36 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--max-queued-requests",
         type=_positive_int,
         default=1024,
-        help="Requests allowed to wait beyond --max-num-seqs running ones; more get "
-        "429 (default: %(default)s).",
+        help="Sequences (prompts x n) allowed to wait beyond --max-num-seqs running ones; "
+        "more get 429, and a request that could never fit gets 400 (default: %(default)s).",
     )
     s.add_argument(
-        "--max-n", type=_positive_int, default=16, help="Largest accepted n (default: %(default)s)."
+        "--max-n",
+        type=_bounded_int(1, MAX_N),
+        default=MAX_N,
+        help=f"Largest accepted n, at most {MAX_N} (default: %(default)s).",
     )
     s.add_argument(
         "--max-logprobs",
-        type=_positive_int,
-        default=20,
-        help="Largest accepted top_logprobs / logprobs (default: %(default)s).",
+        type=_bounded_int(0, MAX_LOGPROBS),
+        default=MAX_LOGPROBS,
+        help=f"Largest accepted top_logprobs / logprobs, at most {MAX_LOGPROBS} "
+        "(default: %(default)s).",
+    )
+    s.add_argument(
+        "--max-tokens-default",
+        type=_bounded_int(1, None),
+        default=None,
+        help="Output tokens a chat completion may generate when the request sets no "
+        "max_tokens / max_completion_tokens (default: up to the context length). "
+        "Completions keep OpenAI's default of 16.",
+    )
+    s.add_argument(
+        "--max-tokens-limit",
+        type=_bounded_int(1, None),
+        default=None,
+        help="Largest max_tokens a request may ask for; larger values get 400, and it also "
+        "caps the default (default: no limit beyond the context length).",
     )
     s.add_argument(
         "--shutdown-timeout",
@@ -150,6 +189,7 @@ def run_serve(args: argparse.Namespace) -> int:
         served_model_names=names,
         model_root=args.model or DEFAULT_MODEL_NAME,
         api_key=args.api_key or os.environ.get("FULCRUM_API_KEY") or None,
+        public_endpoints=args.public_endpoints,
         trust_request_chat_template=args.trust_request_chat_template,
         chat_template=_load_template(args.chat_template),
         max_request_bytes=args.max_request_bytes,
@@ -157,6 +197,8 @@ def run_serve(args: argparse.Namespace) -> int:
         max_num_seqs=engine_args.max_num_seqs,
         max_n=args.max_n,
         max_logprobs=args.max_logprobs,
+        max_tokens_default=args.max_tokens_default,
+        max_tokens_limit=args.max_tokens_limit,
         shutdown_timeout=args.shutdown_timeout,
         log_requests_file=args.log_requests_file,
     )

@@ -8,6 +8,7 @@ Starlette's HTTP errors into the same body, so a client sees one error format ev
 from __future__ import annotations
 
 import logging
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -15,6 +16,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fulcrum.entrypoints.openai.messages import ROLES
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +90,8 @@ def too_large(limit: int) -> OpenAIError:
 
 def too_many_requests(limit: int) -> OpenAIError:
     return OpenAIError(
-        f"Too many queued requests: the server holds at most {limit} waiting requests. "
-        "Retry later.",
+        f"Too many queued requests: the server holds at most {limit} waiting sequences "
+        "(prompts x n). Retry later.",
         429,
         "rate_limit_error",
         None,
@@ -124,27 +127,96 @@ def value_error(e: ValueError) -> OpenAIError:
     return bad_request(msg, param)
 
 
+# Error types that only say "not this type", and how to name the type. With a union, each member
+# that does not match adds one of these, so the error worth reporting is another one (the member
+# whose type matched), or, when none matched, a list of the types that would.
+_TYPE_NAMES = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "a boolean",
+    "list_type": "a list",
+    "dict_type": "an object",
+    "none_required": "null",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+}
+_TYPE_MISMATCH = frozenset(_TYPE_NAMES)
+_SUB_FIELD = re.compile(r"^(\[\d+\]|[a-z_]\w*)(\[\d+\])*(\.[a-z_]\w*(\[\d+\])*)*: ")
+_ROLES = frozenset(ROLES)
+
+
+def _is_union_tag(part: str) -> bool:
+    """pydantic puts the union member it tried into the location: "str", "list[int]",
+    "function-after[...]", a class name, or a discriminated union's tag (a role)."""
+    return (
+        any(c in part for c in "[]-")
+        or part in ("str", "int", "float", "bool", "none")
+        or part[:1].isupper()
+        or part in _ROLES
+    )
+
+
 def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body",)]
-    # pydantic adds the union member's type name (e.g. "str", "list[int]") to the location.
-    parts = [p for p in parts if not any(c in p for c in "[]") and p not in ("str", "int")]
-    return ".".join(parts) or None
+    """``("body", "messages", 0, "tool", "tool_call_id")`` -> ``messages[0].tool_call_id``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part != "body" and not _is_union_tag(str(part)):
+            out += f".{part}" if out else str(part)
+    return out or None
+
+
+def _pick_error(errors: list[Any]) -> Any:
+    """The most telling error: a matched member's complaint over type mismatches, then the
+    deepest location (``prompt[0][0]`` says more than ``prompt``)."""
+    telling = [e for e in errors if e.get("type") not in _TYPE_MISMATCH] or errors
+    return max(telling, key=lambda e: len(e.get("loc", ())))
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
+    errors = list(exc.errors())
     if not errors:
         return "Invalid request.", None
-    first = errors[0]
+    first = _pick_error(errors)
+    kind = first.get("type")
     param = _loc_to_param(tuple(first.get("loc", ())))
     msg = str(first.get("msg", "invalid value"))
-    if first.get("type") == "json_invalid":
+    if kind == "json_invalid":
         return f"Request body is not valid JSON: {msg}.", None
-    if first.get("type") == "missing" and param:
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        field = str(first.get("ctx", {}).get("discriminator", "")).strip("'")
+        param = f"{param}.{field}" if param and field else param
+        if kind == "union_tag_not_found":
+            return f"Missing required parameter: '{param}'.", param
+        tags = first.get("ctx", {}).get("expected_tags", "")
+        return f"Invalid value for '{param}': {first['ctx']['tag']!r} is not one of {tags}.", param
+    if kind == "missing" and param:
         return f"Missing required parameter: '{param}'.", param
+    if kind == "value_error":
+        msg = msg.removeprefix("Value error, ")
+        sub = _SUB_FIELD.match(msg)
+        if sub is not None:  # "content[0]: ..." names a field below the error's location
+            field = sub.group(0)[:-2]
+            joined = field if not param else param + ("" if field[0] == "[" else ".") + field
+            return f"{joined}: {msg[sub.end():]}", joined
+    kinds = [e.get("type") for e in errors if _loc_to_param(tuple(e.get("loc", ()))) == param]
+    if len(set(kinds)) > 1 and all(k in _TYPE_MISMATCH for k in kinds):  # no member matched
+        names = dict.fromkeys(_TYPE_NAMES[k] for k in kinds)
+        msg = "Input should be " + " or ".join(names)
     where = f"'{param}'" if param else "request body"
-    extra = f" ({len(errors) - 1} more error(s))" if len(errors) > 1 else ""
-    return f"Invalid value for {where}: {msg}.{extra}", param
+    return f"Invalid value for {where}: {msg.rstrip('.')}.", param
+
+
+def _parse_error_message(exc: StarletteHTTPException) -> str | None:
+    """FastAPI answers every body it cannot decode with one vague message; its cause says why."""
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return "Request body is not valid UTF-8."
+    if isinstance(cause, RecursionError):
+        return "Request body is not valid JSON: nesting too deep."
+    return None
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -168,6 +240,8 @@ def install_error_handlers(app: FastAPI) -> None:
             phrase = "Error"
         code = "not_found" if status == 404 else phrase.lower().replace(" ", "_")
         message = str(exc.detail) if exc.detail else phrase
+        if status == 400:
+            message = _parse_error_message(exc) or message
         if status == 404:
             message = f"{message}: no such route."
         err = OpenAIError(message, status, "invalid_request_error", None, code)

@@ -16,8 +16,16 @@ from fulcrum.entrypoints.openai.sse import encode_json
 _ALWAYS_OPEN = frozenset({"/health", "/ready", "/metrics", "/version"})
 
 
-def needs_key(path: str) -> bool:
-    return path == "/v1" or path.startswith("/v1/") or path in ("/tokenize", "/detokenize")
+# What an API key also guards unless --public-endpoints: scrapes and the API's own description
+# tell an outsider the model, the load and every route, so they follow the key by default.
+_DESCRIPTIVE = frozenset({"/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+
+
+def needs_key(path: str, public_endpoints: bool = False) -> bool:
+    """Whether ``path`` needs the API key (when one is set); /health, /ready, /version never do."""
+    if path == "/v1" or path.startswith("/v1/") or path in ("/tokenize", "/detokenize"):
+        return True
+    return path in _DESCRIPTIVE and not public_endpoints
 
 
 async def send_error(send: Send, err: OpenAIError) -> None:
@@ -56,7 +64,7 @@ class ServerGuard:
         if self.state.draining and path not in _ALWAYS_OPEN:
             await send_error(send, draining())
             return
-        if needs_key(path) and not self._authorized(scope):
+        if needs_key(path, self.state.options.public_endpoints) and not self._authorized(scope):
             await send_error(send, unauthorized())
             return
         limit = self.state.options.max_request_bytes

@@ -1,75 +1,43 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic v2).
 
-Request models validate shapes and ranges; anything that needs the model (context length,
-vocabulary) is checked by the serving layer. Unknown fields are ignored, as OpenAI does.
+Request models validate shapes, ranges and types, strictly as OpenAI does (no boolean for a number);
+limits are Field constraints, so the OpenAPI schema states what validation enforces. Anything that
+needs the model or the server's flags (context length, vocabulary, --max-n) is checked by the
+serving layer, and openapi.py writes those bounds into the schema. Unknown fields are ignored, as
+OpenAI does.
 Response models document the API (OpenAPI schema); the hot streaming path builds plain dicts.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field
+
+from fulcrum.entrypoints.openai.limits import (
+    MAX_LOGPROBS,
+    MAX_N,
+    MAX_PROMPTS_PER_REQUEST,
+    MAX_STOP_LEN,
+    MAX_STOP_STRINGS,
+)
+from fulcrum.entrypoints.openai.messages import ChatMessage, OpenAIBaseModel
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-MAX_STOP_STRINGS = 16
-MAX_STOP_LEN = 1024
-TokenId = int
-
-
-def _check_utf8(value: Any) -> None:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("strings must be valid UTF-8 (no lone surrogates)") from None
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _check_utf8(k)
-            _check_utf8(v)
-    elif isinstance(value, list):
-        for v in value:
-            _check_utf8(v)
-
-
-class OpenAIBaseModel(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-
-    @model_validator(mode="after")
-    def _valid_utf8(self) -> OpenAIBaseModel:
-        for value in self.__dict__.values():
-            if not isinstance(value, (int, float, bool, BaseModel)) and value is not None:
-                _check_utf8(value)
-        return self
+TOKEN_ID_DESCRIPTION = "A token id, below the vocabulary size."
+TokenId = Annotated[int, Field(ge=0, description=TOKEN_ID_DESCRIPTION)]
 
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
 
 
-class TextContentPart(OpenAIBaseModel):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(OpenAIBaseModel):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart] | None = None
-    name: str | None = None
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
-
-
 class ResponseFormat(OpenAIBaseModel):
     type: Literal["text", "json_object", "json_schema"]
 
 
-Stop = str | list[str] | None
+StopString = Annotated[str, Field(max_length=MAX_STOP_LEN)]
+Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None
 
 
 class SamplingRequest(OpenAIBaseModel):
@@ -79,7 +47,9 @@ class SamplingRequest(OpenAIBaseModel):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = Field(None, description="Not supported; must be empty.")
-    n: int = Field(1, ge=1, description="Number of choices (capped by the server's --max-n).")
+    n: int = Field(
+        1, ge=1, le=MAX_N, description="Number of choices (the server's --max-n may lower the cap)."
+    )
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: Stop = Field(None, description="Up to 16 stop strings, never part of the output.")
     stream: bool = False
@@ -109,7 +79,7 @@ class SamplingRequest(OpenAIBaseModel):
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     max_tokens: int | None = Field(
         None, ge=1, description="Deprecated alias of max_completion_tokens."
     )
@@ -123,22 +93,37 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-CompletionPrompt = str | list[str] | list[TokenId] | list[list[TokenId]]
+CompletionPrompt = (
+    str
+    | Annotated[list[str], Field(max_length=MAX_PROMPTS_PER_REQUEST)]
+    | list[TokenId]
+    | Annotated[list[list[TokenId]], Field(max_length=MAX_PROMPTS_PER_REQUEST)]
+)
+# JSON Schema's maxLength only constrains strings, so null stays valid; the serving layer
+# answers a non-empty suffix with 400 naming it.
+_UNSUPPORTED_STR: dict[str, Any] = {"maxLength": 0}
 
 
 class CompletionRequest(SamplingRequest):
     prompt: CompletionPrompt
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     max_tokens: int | None = Field(16, ge=1)
-    best_of: int | None = Field(None, ge=1, description="Must equal n when given.")
-    suffix: str | None = Field(None, description="Not supported; must be empty.")
+    best_of: int | None = Field(None, ge=1, le=MAX_N, description="Must equal n when given.")
+    suffix: str | None = Field(
+        None, description="Not supported; must be empty.", json_schema_extra=_UNSUPPORTED_STR
+    )
+    return_token_ids: bool = Field(
+        False,
+        description="Add token_ids (and prompt_token_ids) to each choice, as vLLM does; always "
+        "on for a model served without a tokenizer.",
+    )
 
 
 class TokenizeRequest(OpenAIBaseModel):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
@@ -220,6 +205,8 @@ class CompletionChoice(OpenAIBaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids (first chunk when streamed)
+    token_ids: list[int] | None = None  # with return_token_ids (each chunk's new tokens)
 
 
 class CompletionResponse(OpenAIBaseModel):

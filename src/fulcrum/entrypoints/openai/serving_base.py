@@ -12,9 +12,7 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
 
 from fulcrum import __version__
 from fulcrum.engine.async_engine import AsyncEngine
@@ -26,16 +24,11 @@ from fulcrum.entrypoints.openai.errors import (
     too_many_requests,
     value_error,
 )
-from fulcrum.entrypoints.openai.protocol import (
-    MAX_STOP_LEN,
-    MAX_STOP_STRINGS,
-    SamplingRequest,
-)
+from fulcrum.entrypoints.openai.protocol import SamplingRequest
 from fulcrum.entrypoints.openai.request_log import RequestLog, RequestRecord
 from fulcrum.sampling_params import SamplingParams
 
 T = TypeVar("T")
-MAX_PROMPTS_PER_REQUEST = 256
 
 
 @dataclass
@@ -45,6 +38,7 @@ class ServeOptions:
     served_model_names: list[str]
     model_root: str | None = None
     api_key: str | None = None
+    public_endpoints: bool = False  # /metrics and the API docs open despite api_key
     trust_request_chat_template: bool = False
     chat_template: str | None = None  # overrides the model's template
     max_request_bytes: int = 8 * 1024 * 1024
@@ -52,6 +46,8 @@ class ServeOptions:
     max_num_seqs: int = 256
     max_n: int = 16
     max_logprobs: int = 20
+    max_tokens_default: int | None = None  # chat output cap when a request sets none
+    max_tokens_limit: int | None = None  # largest max_tokens a request may ask for
     shutdown_timeout: float = 30.0
     log_requests_file: str | None = None
 
@@ -164,6 +160,17 @@ class OpenAIServing:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def need_tokenizer(self, what: str, param: str) -> Any:
+        """The tokenizer, or a 400 naming ``what`` needs it (a model served without one)."""
+        tok = self.tokenizer
+        if tok is None:
+            raise bad_request(
+                f"{what} needs a tokenizer, and this model is served without one: send token "
+                "ids, or restart the server with --tokenizer.",
+                param,
+            )
+        return tok
+
     def check_model(self, model: str | None) -> str:
         if model is None or model == "":
             return self.state.model_name
@@ -171,10 +178,19 @@ class OpenAIServing:
             raise model_not_found(model)
         return model
 
-    def check_admission(self, num_new: int) -> None:
-        """429 when the requests waiting for a batch slot would exceed --max-queued-requests."""
-        waiting_after = self.engine.num_in_flight + num_new - self.opts.max_num_seqs
-        if waiting_after > self.opts.max_queued_requests:
+    def check_admission(self, num_new_seqs: int) -> None:
+        """Count sequences (prompts x n): 429 when those waiting for a batch slot would exceed
+        --max-queued-requests, 400 when this request alone could never fit."""
+        capacity = self.opts.max_num_seqs + self.opts.max_queued_requests
+        if num_new_seqs > capacity:
+            raise bad_request(
+                f"This request asks for {num_new_seqs} sequences (prompts x n); the server "
+                f"runs at most {self.opts.max_num_seqs} and queues at most "
+                f"{self.opts.max_queued_requests} more.",
+                "n",
+                "too_many_sequences",
+            )
+        if self.engine.num_seqs_in_flight + num_new_seqs > capacity:
             raise too_many_requests(self.opts.max_queued_requests)
 
     def check_common(self, req: SamplingRequest) -> None:
@@ -186,13 +202,8 @@ class OpenAIServing:
             raise bad_request(
                 "stream_options is only allowed when stream is true.", "stream_options"
             )
-        stops = req.stop_list()
-        if len(stops) > MAX_STOP_STRINGS:
-            raise bad_request(f"stop holds at most {MAX_STOP_STRINGS} strings.", "stop")
-        if any(len(s) > MAX_STOP_LEN for s in stops):
-            raise bad_request(f"stop strings are at most {MAX_STOP_LEN} characters.", "stop")
         vocab = self.engine.vocab_size
-        if any(t < 0 or t >= vocab for t in req.stop_token_ids or []):
+        if any(t >= vocab for t in req.stop_token_ids or []):
             raise bad_request(f"stop_token_ids must be in [0, {vocab}).", "stop_token_ids")
 
     def check_logprobs(self, k: int | None, param: str) -> None:
@@ -208,7 +219,8 @@ class OpenAIServing:
     def resolve_max_tokens(
         self, num_prompt: int, requested: int | None, default: int | None, where: str
     ) -> int:
-        """Check prompt + output against the context; the default fills the remaining room."""
+        """Check prompt + output against the context and the server's cap. Without a request
+        value: ``default``, else --max-tokens-default, else the remaining room."""
         limit = self.engine.max_model_len
         if num_prompt == 0:
             raise bad_request("The prompt is empty.", "prompt" if where == "prompt" else "messages")
@@ -221,8 +233,16 @@ class OpenAIServing:
                 "context_length_exceeded",
             )
         room = limit - num_prompt
+        cap = self.opts.max_tokens_limit
         if requested is None:
-            return room if default is None else min(default, room)
+            fallback = default if default is not None else self.opts.max_tokens_default
+            fallback = min(x for x in (fallback, cap, room) if x is not None)
+            return fallback
+        if cap is not None and requested > cap:
+            raise bad_request(
+                f"max_tokens must be at most {cap} on this server, got {requested}.",
+                "max_tokens",
+            )
         if requested > room:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
@@ -261,6 +281,26 @@ class OpenAIServing:
             )
         except ValueError as e:
             raise value_error(e) from None
+
+    def submit(
+        self,
+        request_id: str,
+        ids: list[int],
+        params: SamplingParams,
+        prompt: str | None,
+        arrival: float,
+        req: SamplingRequest,
+    ) -> AsyncIterator[RequestOutput]:
+        """Hand one prompt to the engine; its outputs arrive through the returned iterator."""
+        return self.engine.generate(
+            request_id,
+            ids,
+            params,
+            prompt=prompt,
+            arrival_time=arrival,
+            cache_salt=req.cache_salt,
+            stream=req.stream,
+        )
 
     def new_request_id(self, prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
@@ -331,16 +371,3 @@ def usage_dict(num_prompt: int, num_completion: int, num_cached: int) -> dict[st
         "total_tokens": num_prompt + num_completion,
         "prompt_tokens_details": {"cached_tokens": num_cached},
     }
-
-
-async def respond(ctx: Any, source: Any, stream: bool) -> Response:
-    """Stream ``ctx.stream(source)`` as SSE (``ctx.cleanup`` runs after the response, also on a
-    disconnect), or return ``ctx.full(source)`` as one body."""
-    if stream:
-        return StreamingResponse(
-            ctx.stream(source),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-            background=BackgroundTask(ctx.cleanup),
-        )
-    return await ctx.full(source)

@@ -10,27 +10,19 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from fulcrum.engine.async_engine import EngineDeadError
 from fulcrum.engine.outputs import CompletionOutput, RequestOutput
-from fulcrum.entrypoints.openai.errors import OpenAIError, bad_request, engine_dead, value_error
+from fulcrum.entrypoints.openai.errors import bad_request
+from fulcrum.entrypoints.openai.limits import MAX_PROMPTS_PER_REQUEST
 from fulcrum.entrypoints.openai.protocol import CompletionRequest
 from fulcrum.entrypoints.openai.serving_base import (
-    MAX_PROMPTS_PER_REQUEST,
     OpenAIServing,
     conversation_id,
     merge_streams,
     openai_finish_reason,
-    respond,
-    run_until_disconnect,
     usage_dict,
 )
-from fulcrum.entrypoints.openai.sse import (
-    DONE,
-    completion_logprobs,
-    encode_json,
-    sse_error,
-    sse_event,
-)
+from fulcrum.entrypoints.openai.serving_response import ResponseContext
+from fulcrum.entrypoints.openai.sse import completion_logprobs
 
 
 @dataclass
@@ -65,13 +57,23 @@ class ServingCompletions(OpenAIServing):
         out: list[tuple[str | None, list[int]]] = []
         for item in items:
             if isinstance(item, str):
-                ids = list(self.tokenizer(item, add_special_tokens=True)["input_ids"])
+                tok = self.need_tokenizer("A text prompt", "prompt")
+                ids = list(tok(item, add_special_tokens=True)["input_ids"])
                 out.append((item, ids))
             else:
                 ids = list(item)
                 self.check_token_ids(ids, "prompt")
                 out.append((None, ids))
         return out
+
+    def _check_text_needs(self, req: CompletionRequest) -> None:
+        """Without a tokenizer, token ids in and out work; what shows or matches text cannot."""
+        if req.stop_list():
+            self.need_tokenizer("stop (stop strings; stop_token_ids work without one)", "stop")
+        if req.logprobs is not None:
+            self.need_tokenizer("logprobs (each token shown as text)", "logprobs")
+        if req.echo:
+            self.need_tokenizer("echo (the prompt as text)", "echo")
 
     async def create(self, req: CompletionRequest, raw: Request) -> Response:
         arrival = time.time()
@@ -82,34 +84,32 @@ class ServingCompletions(OpenAIServing):
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request("best_of must equal n (no server-side ranking).", "best_of")
         self.check_logprobs(req.logprobs, "logprobs")
+        self._check_text_needs(req)
         prompts = self.split_prompts(req)
         resolved = [
             self.resolve_max_tokens(len(ids), req.max_tokens, 16, "prompt") for _, ids in prompts
         ]
         params = [self.sampling_params(req, m, req.logprobs) for m in resolved]
-        self.check_admission(len(prompts))
+        self.check_admission(len(prompts) * max(req.n, req.best_of or 1))
         base = self.new_request_id("cmpl")
         states = [
             _Prompt(f"{base}-{i}" if len(prompts) > 1 else base, text, ids)
             for i, (text, ids) in enumerate(prompts)
         ]
         gens = [
-            self.engine.generate(
-                st.request_id,
-                st.ids,
-                p,
-                prompt=st.text,
-                arrival_time=arrival,
-                cache_salt=req.cache_salt,
-                stream=req.stream,
-            )
+            self.submit(st.request_id, st.ids, p, st.text, arrival, req)
             for st, p in zip(states, params, strict=True)
         ]
         ctx = _CompletionCtx(self, req, raw, base, model, states, arrival)
-        return await respond(ctx, gens, req.stream)
+        return await ctx.respond(gens, req.stream)
 
 
-class _CompletionCtx:
+class _CompletionCtx(ResponseContext):
+    """One completions request's response assembly: its prompts' choices, ``n`` per prompt."""
+
+    object = "text_completion"
+    chunk_object = "text_completion"
+
     def __init__(
         self,
         serving: ServingCompletions,
@@ -120,21 +120,16 @@ class _CompletionCtx:
         prompts: list[_Prompt],
         arrival: float,
     ) -> None:
-        self.s, self.req, self.raw, self.rid, self.model = serving, req, raw, rid, model
-        self.prompts, self.arrival = prompts, arrival
-        self.created = int(arrival)
-        self.fp = serving.state.system_fingerprint
-        self.logged = False
+        super().__init__(serving, req, raw, rid, model, arrival)
+        self.req, self.prompts = req, prompts
         self.top_n = req.logprobs or 0
+        # Without a tokenizer the text is empty: the token ids are the output.
+        self.with_ids = req.return_token_ids or serving.tokenizer is None
 
-    async def cleanup(self) -> None:
-        """Abort whatever is still running (client gone before or while streaming); log once."""
-        for rid in [p.request_id for p in self.prompts]:
-            self.s.engine.abort(rid)
-        if not self.logged:
-            self._log_all()
+    def request_ids(self) -> list[str]:
+        return [p.request_id for p in self.prompts]
 
-    def _log_all(self) -> None:
+    def log(self) -> None:
         self.logged = True
         for p in self.prompts:
             self.s.log_request(
@@ -164,91 +159,60 @@ class _CompletionCtx:
             c.token_ids, c.logprobs, self.top_n, self.s.tokenizer, offset, p.ids if echo else None
         )
 
-    def _chunk(self, choices: list[dict[str, Any]], include_usage: bool) -> dict[str, Any]:
-        c: dict[str, Any] = {
-            "id": self.rid,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.fp,
-            "choices": choices,
-        }
-        if include_usage:
-            c["usage"] = None
-        return c
-
     def _usage(self) -> dict[str, Any]:
         cached = sum(p.final.num_cached_tokens for p in self.prompts if p.final is not None)
         return usage_dict(
             sum(len(p.ids) for p in self.prompts), sum(p.num_output for p in self.prompts), cached
         )
 
-    async def stream(self, gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[bytes]:
+    async def events(
+        self, gens: list[AsyncIterator[RequestOutput]]
+    ) -> AsyncIterator[dict[str, Any]]:
         req, n = self.req, self.req.n
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
         finished: set[int] = set()
         offsets: dict[int, int] = {}
-        try:
-            async for pi, ro in merge_streams(gens):
-                p = self.prompts[pi]
-                if ro.finished:
-                    p.final = ro
-                choices = []
-                for c in ro.outputs:
-                    index = pi * n + c.index
-                    if index in finished:
-                        continue
-                    p.num_output += len(c.token_ids)
-                    if c.token_ids and p.first_token_time is None:
-                        p.first_token_time = time.time()
-                    reason = openai_finish_reason(c.finish_reason)
-                    first = index not in offsets
-                    echo = req.echo and first
-                    text = (self._echo_text(p) if echo else "") + c.text
-                    if (
-                        not text
-                        and reason is None
-                        and not (req.logprobs is not None and c.token_ids)
-                    ):
-                        continue
-                    offsets.setdefault(index, 0)
-                    lp = self._logprobs(p, c, offsets[index], echo)
-                    offsets[index] += len(text)
-                    choices.append(
-                        {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
-                    )
-                    if reason is not None:
-                        finished.add(index)
-                        p.finish_reason = p.finish_reason or reason
-                if choices:
-                    yield sse_event(self._chunk(choices, include_usage))
-            if include_usage:
-                yield sse_event({**self._chunk([], False), "usage": self._usage()})
-        except OpenAIError as e:
-            yield sse_error(e)
-        except ValueError as e:
-            yield sse_error(value_error(e))
-        except EngineDeadError as e:
-            yield sse_error(engine_dead(str(e)))
-        finally:
-            self._log_all()
-        yield DONE
+        async for pi, ro in merge_streams(gens):
+            p = self.prompts[pi]
+            if ro.finished:
+                p.final = ro
+            choices = []
+            for c in ro.outputs:
+                index = pi * n + c.index
+                if index in finished:
+                    continue
+                p.num_output += len(c.token_ids)
+                if c.token_ids and p.first_token_time is None:
+                    p.first_token_time = time.time()
+                reason = openai_finish_reason(c.finish_reason)
+                first = index not in offsets
+                echo = req.echo and first
+                text = (self._echo_text(p) if echo else "") + c.text
+                wants_ids = (req.logprobs is not None or self.with_ids) and c.token_ids
+                if not text and reason is None and not wants_ids:
+                    continue
+                offsets.setdefault(index, 0)
+                lp = self._logprobs(p, c, offsets[index], echo)
+                offsets[index] += len(text)
+                choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": reason}
+                if self.with_ids:
+                    choice["token_ids"] = list(c.token_ids)
+                    if first:
+                        choice["prompt_token_ids"] = p.ids
+                choices.append(choice)
+                if reason is not None:
+                    finished.add(index)
+                    p.finish_reason = p.finish_reason or reason
+            if choices:
+                yield self.chunk(choices)
+        if self.include_usage:
+            yield self.usage_chunk(self._usage())
 
-    async def _collect(self, gens: list[AsyncIterator[RequestOutput]]) -> None:
+    async def collect(self, gens: list[AsyncIterator[RequestOutput]]) -> None:
         async for pi, ro in merge_streams(gens):
             if ro.finished:
                 self.prompts[pi].final = ro
 
-    async def full(self, gens: list[AsyncIterator[RequestOutput]]) -> Response:
-        try:
-            await run_until_disconnect(self.raw, self._collect(gens))
-        except BaseException as e:
-            await self.cleanup()
-            if isinstance(e, EngineDeadError):
-                raise engine_dead(str(e)) from None
-            if isinstance(e, ValueError):
-                raise value_error(e) from None
-            raise
+    def whole(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         choices = []
         for pi, p in enumerate(self.prompts):
             assert p.final is not None
@@ -257,22 +221,14 @@ class _CompletionCtx:
                 p.finish_reason = p.finish_reason or reason
                 p.num_output += len(c.token_ids)
                 prefix = self._echo_text(p) if self.req.echo else ""
-                choices.append(
-                    {
-                        "index": pi * self.req.n + c.index,
-                        "text": prefix + c.text,
-                        "logprobs": self._logprobs(p, c, 0, self.req.echo),
-                        "finish_reason": reason,
-                    }
-                )
-        self._log_all()
-        body = {
-            "id": self.rid,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.fp,
-            "choices": choices,
-            "usage": self._usage(),
-        }
-        return Response(encode_json(body), media_type="application/json")
+                choice = {
+                    "index": pi * self.req.n + c.index,
+                    "text": prefix + c.text,
+                    "logprobs": self._logprobs(p, c, 0, self.req.echo),
+                    "finish_reason": reason,
+                }
+                if self.with_ids:
+                    choice["prompt_token_ids"] = p.ids
+                    choice["token_ids"] = list(c.token_ids)
+                choices.append(choice)
+        return choices, self._usage()

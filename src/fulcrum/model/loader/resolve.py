@@ -24,6 +24,14 @@ def _find_config(name: str) -> str | None:
     return None
 
 
+def _has_tokenizer(directory: str) -> bool:
+    """A Hugging Face tokenizer lives beside the config (a model directory, or a dummy-weights
+    directory that keeps the real model's tokenizer files)."""
+    return any(
+        os.path.isfile(os.path.join(directory, f)) for f in ("tokenizer.json", "tokenizer.model")
+    )
+
+
 def _load_hf_config(config_file: str):
     from fulcrum.model.loader.hf_config import load_hf_config
 
@@ -52,7 +60,8 @@ def resolve_model_config(
             raise ValueError(
                 f"model: no config.json for {model!r} (looked in the path and in {CONFIGS_DIR})."
             )
-        weights_path, tok = os.path.dirname(cfg_file), tokenizer
+        weights_path = os.path.dirname(cfg_file)
+        tok = tokenizer or (weights_path if _has_tokenizer(weights_path) else None)
         hf_config = _load_hf_config(cfg_file)
     elif model.endswith(".gguf") or load_format == "gguf":
         if not os.path.isfile(model):
@@ -71,10 +80,7 @@ def resolve_model_config(
             raise ValueError(f"model: {model!r} has no config.json.")
         load_format, weights_path = "safetensors", model
         hf_config = _load_hf_config(cfg_file)
-        has_tok = any(
-            os.path.isfile(os.path.join(model, f)) for f in ("tokenizer.json", "tokenizer.model")
-        )
-        tok = tokenizer or (model if has_tok else None)
+        tok = tokenizer or (model if _has_tokenizer(model) else None)
     archs = getattr(hf_config, "architectures", None)
     if not archs:
         raise ValueError(f"architectures: config of {model!r} names no architecture.")
