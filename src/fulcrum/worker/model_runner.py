@@ -19,6 +19,7 @@ The host-side arrays (block-table rows kept per request, ids, positions, slots) 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from fulcrum.attention.backend import AttentionMetadata, get_backend_cls
-from fulcrum.config import EngineConfig
+from fulcrum.config import EngineConfig, KernelConfig
 from fulcrum.engine.protocol import Logprobs
 from fulcrum.engine.request import Request
 from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
@@ -55,12 +56,15 @@ class ModelRunner:
         self.kv_dtype = resolve_kv_cache_dtype(config.cache_config.cache_dtype, mc.dtype)
         self.block_size = config.cache_config.block_size
         num_heads = mc.hf_config.num_attention_heads
+        self.kernel_config = kc = config.kernel_config
         backend_cls = get_backend_cls(config.attention_backend, self.device)
-        self.attn_backend = backend_cls(num_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim**-0.5)
+        self.attn_backend = backend_cls(
+            num_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim**-0.5, kernel_config=kc
+        )
         torch.manual_seed(mc.seed)
-        self.model, self.load_time = load_model(mc, self.attn_backend, self.device)
+        self.model, self.load_time = load_model(mc, self.attn_backend, self.device, kc)
         self.vocab_size = mc.vocab_size
-        self.sampling = StepSampler(self.device, self.vocab_size)
+        self.sampling = StepSampler(self.device, self.vocab_size, kc)
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         sc = config.scheduler_config
@@ -78,6 +82,19 @@ class ModelRunner:
         self._graph_ids: torch.Tensor | None = None  # greedy ids of the last graph replay
         self._prev_rows: dict[str, int] = {}
         self.timings: dict[str, float] = {"weights_s": self.load_time}
+
+    def set_kernel_config(self, kc: KernelConfig) -> None:
+        """Switch the kernels' settings of the loaded model: the layers, the attention backend,
+        the sampler and the decode graphs' next capture take ``kc`` from their next call on.
+        Graphs captured already keep the launches they captured (a benchmark that compares
+        settings captures one graph per setting)."""
+        self.kernel_config = kc
+        self.config = dataclasses.replace(self.config, kernel_config=kc)
+        self.model.set_kernel_config(kc)
+        self.attn_backend.kernel_config = kc
+        self.sampling.kernel_config = kc
+        if self.graphs is not None:
+            self.graphs.kernel_config = kc
 
     # -- KV cache -----------------------------------------------------------------------------
 
@@ -104,7 +121,11 @@ class ModelRunner:
     def _profile_cuda_blocks(self) -> int:
         """Run a maximal batch without a KV pool, then give the pool what utilisation allows."""
         n = self.config.scheduler_config.max_num_batched_tokens
-        compile_ahead(lambda: self._compile_pass(n), "KV profiling and decode-graph capture")
+        compile_ahead(
+            lambda: self._compile_pass(n),
+            "KV profiling and decode-graph capture",
+            self.kernel_config.compile_ahead,
+        )
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         self._dummy_forward(n)
@@ -131,7 +152,7 @@ class ModelRunner:
         forward = functools.partial(self._decode_logits, kv_caches=self._scratch_cache())
         sizes = capture_sizes(self.config.scheduler_config.max_num_seqs)
         args = (self.max_blocks, self.block_size, self.max_model_len, self.device)
-        DecodeGraphs(forward, sizes, *args).dry_run()
+        DecodeGraphs(forward, sizes, *args, kernel_config=self.kernel_config).dry_run()
 
     def _scratch_cache(self) -> list[torch.Tensor]:
         """A one-block KV cache per layer."""
@@ -202,7 +223,7 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         caches = self.kv_caches if kv_caches is None else kv_caches
         logits = self.model.compute_logits(self.model(input_ids, positions, caches, meta))
-        return logits, greedy_argmax(logits, out)
+        return logits, greedy_argmax(logits, out, self.kernel_config)
 
     def capture_graphs(self, emulate: bool = False) -> None:
         """Capture decode graphs for every bucket up to ``max_num_seqs`` (capped at 512).
@@ -220,12 +241,14 @@ class ModelRunner:
             self.max_model_len,
             self.device,
             emulate=emulate,
+            kernel_config=self.kernel_config,
         )
         # the sampler runs after each replay: compiled now too (found compiled when KV profiling
         # ran; the LM head of a zero row gives logits of the serving dtype and width)
         hidden = torch.zeros(1, self.config.model_config.hf_config.hidden_size, device=self.device)
         logits = self.model.compute_logits(hidden.to(self.dtype))
-        compile_ahead(functools.partial(self.sampling.warm, logits), "the sampler")
+        warm = functools.partial(self.sampling.warm, logits)
+        compile_ahead(warm, "the sampler", self.kernel_config.compile_ahead)
         self.sampling.warm(logits)
         dt = self._capture(graphs, "decode")
         if dt is None:
@@ -299,7 +322,7 @@ class ModelRunner:
         """``ids[rows[0]] = previous step's sampled[rows[1]]`` for device ``rows [2, k]``: one
         launch on CUDA (``kernels/scatter.py``), a gather and a scatter elsewhere."""
         assert self._prev_sampled is not None
-        if use_triton(ids):
+        if use_triton(ids, self.kernel_config):
             from fulcrum.kernels.scatter import gather_scatter
 
             gather_scatter(ids, rows, self._prev_sampled)
