@@ -243,7 +243,7 @@ class AttentionKernelConfig:
         4, "Up to this many requests, decode splits read their inputs before the PDL wait."
     )
     split_early: bool = _knob(
-        True, "There, a 16-bit cache's split grid releases the reduce kernel early."
+        True, "Up to pre_wait_max_reqs requests, a 16-bit cache's splits release the reduce early."
     )
 
     def __post_init__(self) -> None:
@@ -287,7 +287,7 @@ class KernelConfig:
     )
     compile_ahead: bool = _switch(
         envs.FULCRUM_COMPILE_AHEAD,
-        "Compile the Triton kernels of start-up's dry runs in parallel worker processes.",
+        "Compile the Triton kernels of start-up's passes in parallel, ahead of running them.",
     )
 
     @classmethod
@@ -312,7 +312,8 @@ class KernelConfig:
 
 def _from_dict(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
     if not isinstance(values, Mapping):
-        raise ValueError(f"kernel_config{prefix}: expected an object, got {values!r}.")
+        where = f"kernel_config.{prefix}" if prefix else "kernel_config"
+        raise ValueError(f"{where}: expected an object, got {values!r}.")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
