@@ -166,7 +166,12 @@ def parse_gemv_launch(text: str | None) -> dict[str, tuple[int, int, int]]:
     out: dict[str, tuple[int, int, int]] = {}
     for item in filter(None, (text or "").split(";")):
         kind, _, vals = item.partition("=")
-        out[kind.strip()] = tuple(int(v) for v in vals.split(","))  # type: ignore[assignment]
+        try:
+            out[kind.strip()] = tuple(int(v) for v in vals.split(","))  # type: ignore[assignment]
+        except ValueError:
+            raise ValueError(
+                f"gemv launch table: expected 'kind=block_n,block_k,num_warps;...', got {text!r}."
+            ) from None
     return out
 
 

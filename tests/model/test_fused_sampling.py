@@ -71,6 +71,20 @@ def test_two_engines_in_one_process_follow_their_own_switch(tiny_models, monkeyp
         outs = llm.generate(prompts, sp, use_tqdm=False)
         assert all(len(o.outputs[0].token_ids) == 2 for o in outs)
         assert bool(fused_rows) == takes_kernel, (llm is on, fused_rows)
+    # the runner's one switch-over point hands a new config to everything that holds one
+    from fulcrum.model.layers.dispatch import Configured
+
+    runner = off.core.runner
+    swapped = runner.kernel_config.replace(fused_sampler=True, gemv={"max_m": 2})
+    runner.set_kernel_config(swapped)
+    holders = [m for m in runner.model.modules() if isinstance(m, Configured)]
+    assert len(holders) > 10 and all(m.kernel_config is swapped for m in holders)
+    assert runner.attn_backend.kernel_config is swapped
+    assert runner.config.kernel_config is swapped
+    fused_rows.clear()
+    off.generate(prompts, sp, use_tqdm=False)
+    assert fused_rows  # now it takes the kernel
+    assert on.core.runner.kernel_config.gemv.max_m == 1  # the other engine is untouched
 
 
 @pytest.mark.parametrize("params", [dict(top_k=5), dict(top_p=0.5), dict(min_p=0.2, seed=1)])

@@ -19,7 +19,7 @@ one shared pool::
     rows:  0 .. n-1 real requests | n .. b-1 padding: id 0, position 0, slot -1 (KV not
            written), seq_len 0 (the decode kernel reads no KV and writes zeros)
 
-The patch is the graph's first kernel (``KernelConfig.graph_patch``): rows ``patch[0, i] >= 0`` take
+The patch is the graph's first kernel (``graph_patch``): rows ``patch[0, i] >= 0`` take
 ``sampled[patch[1, i]]``, the ids the previous replay wrote; the rest are off (-1). When the
 previous step's tokens came from elsewhere (the sampler, an eager step), the runner fills them
 before the replay and stages every row off.
@@ -27,14 +27,7 @@ before the replay and stages every row off.
 Graphs are captured largest first so the smaller ones reuse the pool's memory, after one eager
 step at the largest bucket (it grows the decode kernel's split-KV scratch once, outside any
 graph). Triton's variants are compiled before the loop, by compile-ahead's dry run
-(``KernelConfig.capture_warmup``).
-
-Patching inside the graph, rather than launching a kernel between two replays, is measured
-faster on an H200: a kernel launched between replays slows the next replay (an H2D copy there
-does not). The eager warm-up step before each bucket's capture makes sure no Triton variant
-compiles inside a capture; where compile-ahead's dry run ran it is skipped unless
-``capture_warmup`` is on: a variant the dry run missed then compiles in the capture itself, and
-the start-up log counts those (none on the H200 at Llama-8B shapes).
+(``capture_warmup``). Both switches are the engine's ``KernelConfig`` fields.
 """
 
 from __future__ import annotations
@@ -186,6 +179,9 @@ class DecodeGraphs:
         self.patch = self._dev[3 * b : 5 * b].view(2, b)
         self.seq_lens = self._dev[5 * b :].view(torch.int32)[:b]
         self.block_tables = torch.zeros(b, max_blocks, dtype=torch.int32, device=dev)
+        # The sampled-id patch inside each graph rather than a launch between replays: measured
+        # faster on an H200, where a kernel launched between two replays slows the next replay
+        # (an H2D copy there does not).
         self.patch_in_graph = self.kernel_config.graph_patch
         self.sampled = torch.zeros(b, dtype=torch.int64, device=dev)
         self.query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=dev)
@@ -299,6 +295,10 @@ class DecodeGraphs:
         else:
             torch.cuda.synchronize(self.device)
             self.pool = torch.cuda.graph_pool_handle()
+            # The eager warm-up step before each bucket's capture keeps Triton compiles out of the
+            # capture. Where compile-ahead's dry run ran it is skipped unless capture_warmup: a
+            # variant the dry run missed compiles in the capture itself, and the start-up log
+            # counts those (none on the H200 at Llama-8B shapes).
             warm = kc.capture_warmup or ahead is None
             with _CompileCounter() as compiled:
                 for b in reversed(self.sizes):
