@@ -16,8 +16,8 @@ on the fly (the weights stay FP8 in memory; slow, for tests and small models).
 A one-row call on CUDA (a batch-1 decode step) runs the Triton GEMV instead
 (``kernels/gemv.py``: the e4m3 rows widened in registers, the row scale applied to the sum, the
 activations not quantized): an FP8 GEMM pads the row to a tensor-core tile and needs a
-quantization launch, where the GEMV only streams the weight (an 8B step 4.70 → 3.53 ms on an
-H200, BENCHMARKS.md).
+quantization launch, where the GEMV only streams the weight (measured faster for an 8B model's
+batch-1 step on an H200).
 """
 
 from __future__ import annotations
