@@ -28,23 +28,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h200 as g  # noqa: E402
 from gpu_profile import _all_decoding, _step_until  # noqa: E402
 
-# Module attributes a setting may set: knob -> (module, attribute). Each graph is captured with
-# every knob at its default except those its setting names.
+# KernelConfig fields a setting may set: knob -> (section or None, field). Each graph is
+# captured with the runner's KernelConfig at its defaults except the fields its setting names.
 KNOBS = {
-    "order_min_reqs": ("fulcrum.attention.triton_backend", "ORDER_MIN_REQS"),
-    "fuse_rope_kv": ("fulcrum.attention.triton_backend", "FUSE_ROPE_KV"),
-    "pdl": ("fulcrum.kernels.pdl", "ENABLED"),
-    "early_waves": ("fulcrum.kernels.pdl", "EARLY_MAX_WAVES"),
-    "pre_release": ("fulcrum.kernels.pdl", "PRE_RELEASE"),
-    "gemv_max_m": ("fulcrum.kernels.gemv", "USE_MAX_M"),
-    "fuse_silu": ("fulcrum.kernels.gemv", "FUSE_SILU"),
-    "fuse_rope": ("fulcrum.kernels.gemv", "FUSE_ROPE"),
-    "pre_wait": ("fulcrum.kernels.decode_attention", "PRE_WAIT_MAX_REQS"),
-    "split_early": ("fulcrum.kernels.decode_attention", "SPLIT_EARLY"),
-    "argmax_kernel": ("fulcrum.kernels.argmax", "ENABLED"),
-    "norm_weight_first": ("fulcrum.kernels.rmsnorm", "WEIGHT_FIRST"),
-    "max_splits": ("fulcrum.kernels.decode_attention", "MAX_SPLITS"),
-    "min_split": ("fulcrum.kernels.decode_attention", "MIN_SPLIT_TOKENS"),
+    "order_min_reqs": ("attention", "order_min_reqs"),
+    "fuse_rope_kv": ("attention", "fuse_rope_kv"),
+    "pdl": ("pdl", "enabled"),
+    "early_waves": ("pdl", "early_max_waves"),
+    "pre_release": ("pdl", "pre_release"),
+    "gemv_max_m": ("gemv", "max_m"),
+    "fuse_silu": ("gemv", "fuse_silu"),
+    "fuse_rope": ("gemv", "fuse_rope"),
+    "pre_wait": ("attention", "pre_wait_max_reqs"),
+    "split_early": ("attention", "split_early"),
+    "argmax_kernel": (None, "argmax_kernel"),
+    "norm_weight_first": (None, "rmsnorm_weight_first"),
+    "max_splits": ("attention", "max_splits"),
+    "min_split": ("attention", "min_split_tokens"),
 }
 _CUBLAS = {"gemv_max_m": 0}  # the linear layers on cuBLAS at every batch size
 _GEMV = {"gemv_max_m": 1}  # batch 1's linear layers on the Triton GEMV
@@ -88,19 +88,29 @@ def _graph_ms(runner, b: int, iters: int = 10) -> float:
     return g.replay_ms(g.capture_graph(lambda: runner.graphs._run_static(b)), iters)
 
 
-def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
-    import importlib
+def kernel_config_for(base, values: dict):
+    """``base`` (a KernelConfig) with the knobs ``values`` names set."""
+    changes: dict = {}
+    for knob, value in values.items():
+        if knob not in KNOBS:
+            continue
+        section, name = KNOBS[knob]
+        if section is None:
+            changes[name] = value
+        else:
+            changes.setdefault(section, {})[name] = value
+    return base.replace(**changes)
 
+
+def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
     import torch
 
-    mods = {k: importlib.import_module(m) for k, (m, _) in KNOBS.items()}
-    defaults = {k: getattr(mods[k], attr) for k, (_, attr) in KNOBS.items()}
-    defaults["blas"] = torch.backends.cuda.preferred_blas_library()
+    base = runner.kernel_config
+    blas = torch.backends.cuda.preferred_blas_library()
 
     def apply(values: dict) -> None:
-        for k, (_, attr) in KNOBS.items():
-            setattr(mods[k], attr, values.get(k, defaults[k]))
-        torch.backends.cuda.preferred_blas_library(values.get("blas", defaults["blas"]))
+        runner.set_kernel_config(kernel_config_for(base, values))
+        torch.backends.cuda.preferred_blas_library(values.get("blas", blas))
 
     times: dict[str, list[float]] = {}
     try:
@@ -109,7 +119,7 @@ def _ab(runner, b: int, rounds: int, names: list[str]) -> dict:
                 apply({**SETTINGS[name], "blas": SETTINGS[name].get("blas", "cublas")})
                 times.setdefault(name, []).append(_graph_ms(runner, b))
     finally:
-        apply(defaults)
+        apply({"blas": blas})
     return {k: round(statistics.median(v), 4) for k, v in times.items()}
 
 

@@ -44,6 +44,7 @@ def bench_shape(name: str, args: argparse.Namespace) -> None:
     import torch
     import torch.nn.functional as F
 
+    from fulcrum.config import PdlConfig
     from fulcrum.kernels import gemv
     from fulcrum.kernels.quant_fp8 import per_token_quant_fp8
     from fulcrum.kernels.rmsnorm import fused_add_rms_norm
@@ -59,14 +60,15 @@ def bench_shape(name: str, args: argparse.Namespace) -> None:
         for i, w in enumerate(ws):
             ws[i], scales[i] = quantize_rows(w)
     wn = torch.ones(k, device=dev, dtype=dt)
+    pc = PdlConfig(enabled=bool(args.pdl))  # every Triton launch below takes it
 
     def scaled_mm(h: torch.Tensor, i: int) -> torch.Tensor:
-        q, s = per_token_quant_fp8(h)
+        q, s = per_token_quant_fp8(h, pc)
         sw = scales[i].view(1, -1)
         return torch._scaled_mm(q, ws[i].t(), scale_a=s, scale_b=sw, out_dtype=dt)
 
     def gemv_with(cfg: tuple[int, ...]):
-        return lambda h, i: gemv.gemv(h, ws[i], config=cfg, scale=scales[i])
+        return lambda h, i: gemv.gemv(h, ws[i], config=cfg, scale=scales[i], pdl_cfg=pc)
 
     variants = {"cublas": scaled_mm if args.fp8 else (lambda h, i: F.linear(h, ws[i]))}
     for c in args.configs:
@@ -78,12 +80,12 @@ def bench_shape(name: str, args: argparse.Namespace) -> None:
         def chain(lin, x=x, res=res):
             def run() -> None:
                 for i in range(copies):
-                    h, _ = fused_add_rms_norm(x, res, wn, 1e-5)
+                    h, _ = fused_add_rms_norm(x, res, wn, 1e-5, pc)
                     lin(h, i)
 
             return run
 
-        h0, _ = fused_add_rms_norm(x, res, wn, 1e-5)
+        h0, _ = fused_add_rms_norm(x, res, wn, 1e-5, pc)
         ref = F.linear(h0.float(), ws[0].float())
         if args.fp8:
             ref = ref * scales[0]
@@ -117,9 +119,6 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from fulcrum.kernels import pdl
-
-    pdl.ENABLED = bool(args.pdl)
     for name in args.shapes:
         bench_shape(name, args)
         torch.cuda.empty_cache()

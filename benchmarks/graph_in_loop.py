@@ -3,11 +3,11 @@ own loop (graphs and asynchronous scheduling, as the ITL benchmark runs), one pr
 
     back to back   the engine's start-up graph, a fresh capture of the same step (own pool and
                    the engine's pool), and a fresh capture with the split grid releasing at exit
-                   (``decode_attention.SPLIT_EARLY`` off); ``replay_ms`` of each, interleaved;
+                   (``KernelConfig.attention.split_early`` off); ``replay_ms`` of each, interleaved;
                    then the engine graph with what the engine once ran between graphs
                    (inputs copy, sampled-id patch, ids copy back) added one at a time, period
-                   per step (the patch now runs inside the graph: ``FULCRUM_GRAPH_PATCH=0``
-                   puts it back between them)
+                   per step (the patch now runs inside the graph: ``graph_patch`` off puts it
+                   back between them)
     by token       the same graph and length with other input tokens, and with the token fed
                    back from the graph's argmax (a torch copy) or rewritten by the patch kernel
     after events   50-replay runs after a sync, idle, an eager launch or step, with NVML's SM
@@ -41,7 +41,6 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    import fulcrum.kernels.decode_attention as da
     from fulcrum import LLM, SamplingParams
 
     llm = LLM(g.MODEL, **g.ENGINE)
@@ -60,8 +59,10 @@ def main() -> None:
     add(3000)
     _step_until(core, lambda: _all_decoding(core, 2))
 
+    base = runner.kernel_config
+
     def fresh(pool=None, early: bool = True):
-        da.SPLIT_EARLY = early
+        runner.set_kernel_config(base.replace(attention={"split_early": early}))
         try:
             graphs._run_static(1)
             torch.cuda.synchronize()
@@ -69,7 +70,7 @@ def main() -> None:
             with torch.cuda.graph(graph, pool=pool):
                 graphs._run_static(1)
         finally:
-            da.SPLIT_EARLY = True
+            runner.set_kernel_config(base)
         return graph
 
     # right after the engine's own steps: the first replays back to back, 50 at a time

@@ -185,8 +185,8 @@ def main() -> None:
     p.add_argument(
         "--pre-wait",
         action="store_true",
-        help="decode: the small-batch variant (<= PRE_WAIT_MAX_REQS requests, split) that reads "
-        "its inputs and first tile before the PDL wait",
+        help="decode: the small-batch variant (<= attention.pre_wait_max_reqs requests, split) "
+        "that reads its inputs and first tile before the PDL wait",
     )
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (Hopper)")
     p.add_argument(

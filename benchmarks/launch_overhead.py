@@ -14,7 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from fulcrum.kernels import pdl
+from fulcrum.config import PdlConfig
 from fulcrum.kernels.activation import silu_and_mul
 from fulcrum.kernels.decode_attention import DecodeWorkspace, decode_attention
 from fulcrum.kernels.reshape_and_cache import reshape_and_cache
@@ -58,26 +58,34 @@ def main() -> None:
     out = torch.empty_like(q)
     ws = DecodeWorkspace()
     gu = torch.randn(1, 2 * INTER, device=dev, dtype=dt)
+    # each op under a PDL policy ``c`` (the kernels take it as an argument)
     ops = {
-        "fused_add_rms_norm (Triton)": lambda: fused_add_rms_norm(x, res, w_norm, 1e-5),
-        "qkv linear (cuBLAS)": lambda: F.linear(x, w_qkv),
-        "rotary (Triton)": lambda: apply_rotary(q, k, pos, cos_sin),
-        "reshape_and_cache (Triton)": lambda: reshape_and_cache(k, v, cache, slots),
-        "decode_attention split+reduce (Triton)": lambda: decode_attention(
-            q, cache, table, seq_lens, D**-0.5, query_start_loc=qsl, out=out, workspace=ws
+        "fused_add_rms_norm (Triton)": lambda c: fused_add_rms_norm(x, res, w_norm, 1e-5, c),
+        "qkv linear (cuBLAS)": lambda c: F.linear(x, w_qkv),
+        "rotary (Triton)": lambda c: apply_rotary(q, k, pos, cos_sin, pdl_cfg=c),
+        "reshape_and_cache (Triton)": lambda c: reshape_and_cache(k, v, cache, slots, c),
+        "decode_attention split+reduce (Triton)": lambda c: decode_attention(
+            q,
+            cache,
+            table,
+            seq_lens,
+            D**-0.5,
+            query_start_loc=qsl,
+            out=out,
+            workspace=ws,
+            pdl_cfg=c,
         ),
-        "silu_and_mul (Triton)": lambda: silu_and_mul(gu),
-        "torch.empty": lambda: torch.empty(1, HIDDEN, device=dev, dtype=dt),
-        "x + res (torch)": lambda: x + res,
+        "silu_and_mul (Triton)": lambda c: silu_and_mul(gu, c),
+        "torch.empty": lambda c: torch.empty(1, HIDDEN, device=dev, dtype=dt),
+        "x + res (torch)": lambda c: x + res,
     }
     print(f"device: {torch.cuda.get_device_name()}  host us per call, {args.iters} calls")
     for name, fn in ops.items():
         row = []
         for on in (False, True):
-            pdl.ENABLED = on
-            row.append(host_us(fn, args.iters))
+            cfg = PdlConfig(enabled=on)
+            row.append(host_us(lambda fn=fn, cfg=cfg: fn(cfg), args.iters))
         print(f"{name:42s} pdl off {row[0]:7.1f} us   pdl on {row[1]:7.1f} us", flush=True)
-    pdl.ENABLED = True
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """End-to-end A/B on one machine, each variant in its own process, same workloads as
-``gpu_h200.py`` (TTFT, 128/128 x 1,000, 1,000/1,000 x 1,000):
+``gpu_h200.py`` (TTFT, 128/128 x 1,000, 1,000/1,000 x 1,000); a variant's switches are
+``KernelConfig`` fields (``VARIANT_KERNEL_CONFIG``):
 
     new       the engine as it is
     base      decode programs in request order (not longest context first)
@@ -10,20 +11,21 @@
     early     every Triton grid releases the next kernel early (PDL: before its wait, or after
               it with nopre's setting), not only small grids and the batch-1 GEMV
     splits<N>  decode attention split at most N ways (32 by default)
-    minsplit<N>  decode attention splits of at least N tokens (MIN_SPLIT_TOKENS)
-    nosilu    SiLU-and-mul as its own kernel at batch 1 (gemv.FUSE_SILU off)
-    norope    rotary + the K/V write as their own kernel at batch 1 (gemv.FUSE_ROPE off)
+    minsplit<N>  decode attention splits of at least N tokens (attention.min_split_tokens)
+    nosilu    SiLU-and-mul as its own kernel at batch 1 (gemv.fuse_silu off)
+    norope    rotary + the K/V write as their own kernel at batch 1 (gemv.fuse_rope off)
     noprewait  decode attention at batch <= 4 reads its inputs after its PDL wait
-              (decode_attention.PRE_WAIT_MAX_REQS = 0)
+              (attention.pre_wait_max_reqs = 0)
     nosplitearly  the decode split grid at batch <= 4 releases the reduce kernel at its exit
-              (decode_attention.SPLIT_EARLY off)
+              (attention.split_early off)
     nographpatch  the previous step's sampled ids patched in by a launch before each decode
-              graph replay, not by the graph's first kernel (cuda_graph.PATCH_IN_GRAPH off)
-    noargmax  the greedy argmax of a few rows on torch (kernels/argmax.py off)
+              graph replay, not by the graph's first kernel (graph_patch off)
+    noargmax  the greedy argmax of a few rows on torch (argmax_kernel off)
     tile2048  qkv and o_proj's GEMV on the general bf16 tile (4, 2048, 4), not one K tile
+              (gemv.launch)
     nopre     small Triton grids and the GEMV release the next kernel after their wait, not
-              before it (pdl.PRE_RELEASE off)
-    sortsampler  every sampled batch on the sorting sampler (the sort-free kernels off)
+              before it (pdl.pre_release off)
+    sortsampler  every sampled batch on the sorting sampler (fused_sampler off)
     fp8       the engine with an FP8 KV cache
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
               (block_n,num_warps,num_stages[,maxnreg])
@@ -45,6 +47,22 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h200 as g  # noqa: E402
 
+# The KernelConfig (as EngineArgs takes it) of each variant that changes a switch.
+VARIANT_KERNEL_CONFIG: dict[str, dict] = {
+    "base": {"attention": {"order_min_reqs": 10**9}},
+    "nogemv": {"gemv": {"max_m": 0}},
+    "early": {"pdl": {"early_max_waves": 10**9}},
+    "nopre": {"pdl": {"pre_release": False}},
+    "nosilu": {"gemv": {"fuse_silu": False}},
+    "norope": {"gemv": {"fuse_rope": False}},
+    "noprewait": {"attention": {"pre_wait_max_reqs": 0}},
+    "nosplitearly": {"attention": {"split_early": False}},
+    "sortsampler": {"fused_sampler": False},
+    "nographpatch": {"graph_patch": False},
+    "noargmax": {"argmax_kernel": False},
+    "nopdl": {"pdl": {"enabled": False}},
+}
+
 
 def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: int | None) -> None:
     engine = dict(g.ENGINE)
@@ -62,68 +80,18 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         launch = da.FP8_GPU_CONFIG if kind == "fp8" else da.GPU_CONFIG
         launch.update(block_n=vals[0], num_warps=vals[1], num_stages=vals[2])
         launch["maxnreg"] = vals[3] if len(vals) > 3 else None
-    if name == "base":
-        import fulcrum.attention.triton_backend as tb
-
-        tb.ORDER_MIN_REQS = 10**9
+    kc = dict(VARIANT_KERNEL_CONFIG.get(name, {}))
     if name == "nopw":
         engine["piecewise_graph_max_tokens"] = 0
-    if name == "nogemv":
-        from fulcrum.kernels import gemv
-
-        gemv.USE_MAX_M = 0
-    if name == "early":
-        from fulcrum.kernels import pdl
-
-        pdl.EARLY_MAX_WAVES = 10**9
-    if name == "nopre":
-        from fulcrum.kernels import pdl
-
-        pdl.PRE_RELEASE = False
     if name.startswith("splits"):
-        import fulcrum.kernels.decode_attention as da
-
-        da.MAX_SPLITS = int(name.removeprefix("splits"))
+        kc["attention"] = {"max_splits": int(name.removeprefix("splits"))}
     if name.startswith("minsplit"):
-        import fulcrum.kernels.decode_attention as da
-
-        da.MIN_SPLIT_TOKENS = int(name.removeprefix("minsplit"))
-    if name == "nosilu":
-        from fulcrum.kernels import gemv
-
-        gemv.FUSE_SILU = False
-    if name == "norope":
-        from fulcrum.kernels import gemv
-
-        gemv.FUSE_ROPE = False
-    if name == "noprewait":
-        import fulcrum.kernels.decode_attention as da
-
-        da.PRE_WAIT_MAX_REQS = 0
-    if name == "nosplitearly":
-        import fulcrum.kernels.decode_attention as da
-
-        da.SPLIT_EARLY = False
-    if name == "sortsampler":
-        import fulcrum.worker.sampler as sampler_mod
-
-        sampler_mod.FUSED_ENABLED = False
-    if name == "nographpatch":
-        import fulcrum.worker.cuda_graph as cg
-
-        cg.PATCH_IN_GRAPH = False
-    if name == "noargmax":
-        from fulcrum.kernels import argmax
-
-        argmax.ENABLED = False
+        kc["attention"] = {"min_split_tokens": int(name.removeprefix("minsplit"))}
     if name == "tile2048":
         from fulcrum.kernels import gemv
 
-        gemv.GPU_CONFIG["bf16_small"] = gemv.GPU_CONFIG["bf16"]
-    if name == "nopdl":
-        from fulcrum.kernels import pdl
-
-        pdl.ENABLED = False
+        kc["gemv"] = {"launch": {"bf16_small": gemv.GPU_CONFIG["bf16"]}}
+    engine["kernel_config"] = kc
     if name == "cublaslt":
         import torch
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from fulcrum import envs
 
 _DTYPES = {
     "float32": torch.float32,
@@ -137,14 +141,230 @@ class SchedulerConfig:
             )
 
 
+# -- the kernels' switches ------------------------------------------------------------------------
+# Each field's metadata holds its one-line description ("doc") and, where one seeds its default,
+# the environment variable ("env"); ``--kernel-config``'s help and the README's table read them.
+
+
+def _switch(env: envs.EnvBool | envs.EnvInt, doc: str, invert: bool = False) -> Any:
+    """A field whose default an environment variable seeds, read when a config is built."""
+    if invert:
+        return field(default_factory=lambda: not env.get(), metadata={"doc": doc, "env": env.name})
+    return field(default_factory=env.get, metadata={"doc": doc, "env": env.name})
+
+
+def _knob(default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"doc": doc})
+
+
+def _section(cls: type, doc: str) -> Any:
+    return field(default_factory=cls, metadata={"doc": doc})
+
+
+def parse_gemv_launch(text: str | None) -> dict[str, tuple[int, int, int]]:
+    """``"bf16=4,2048,4;fp8=4,1024,4"`` -> ``{"bf16": (4, 2048, 4), "fp8": (4, 1024, 4)}``."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for item in filter(None, (text or "").split(";")):
+        kind, _, vals = item.partition("=")
+        try:
+            out[kind.strip()] = tuple(int(v) for v in vals.split(","))  # type: ignore[assignment]
+        except ValueError:
+            raise ValueError(
+                f"gemv launch table: expected 'kind=block_n,block_k,num_warps;...', got {text!r}."
+            ) from None
+    return out
+
+
+_SPLITS_CAP = 32  # kernels/decode_attention.py MAX_SPLITS: its reduce kernel's tile
+
+
+@dataclass(frozen=True)
+class PdlConfig:
+    """Programmatic dependent launch of fulcrum's Triton kernels (Hopper and later, see
+    ``kernels/pdl.py``). Read at each launch: a CUDA graph keeps the launches it captured."""
+
+    enabled: bool = _switch(envs.FULCRUM_PDL, "Launch Triton kernels with PDL (Hopper+).")
+    pre_release: bool = _switch(
+        envs.FULCRUM_PDL_PRE,
+        "Grids that release the next kernel early do it before their wait, not after it.",
+    )
+    early_max_waves: int = _knob(
+        1, "Grids of up to this many SM counts release the next kernel early."
+    )
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """The few-row linear-layer kernel (``kernels/gemv.py``) and what its epilogue fuses."""
+
+    max_m: int = _switch(
+        envs.FULCRUM_GEMV_MAX_M,
+        "Linear layers of up to this many rows run the Triton GEMV on CUDA (0: cuBLAS always).",
+    )
+    fuse_silu: bool = _switch(
+        envs.FULCRUM_GEMV_SILU, "SiLU-and-mul in the one-row gate_up GEMV's epilogue."
+    )
+    fuse_rope: bool = _switch(
+        envs.FULCRUM_GEMV_ROPE, "Rotary and the K/V write in the one-row qkv GEMV's epilogue."
+    )
+    launch: dict[str, tuple[int, int, int]] = field(
+        default_factory=lambda: parse_gemv_launch(envs.FULCRUM_GEMV_CONFIG.get()),
+        hash=False,
+        metadata={
+            "doc": "(block_n, block_k, num_warps) per weight kind (bf16, bf16_small, fp8, fp32) "
+            "replacing the tuned launch table.",
+            "env": envs.FULCRUM_GEMV_CONFIG.name,
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_m < 0:
+            raise ValueError(f"kernel_config.gemv.max_m must be >= 0, got {self.max_m}.")
+        launch = {}
+        for kind, vals in dict(self.launch).items():
+            vals = tuple(int(v) for v in vals)
+            if len(vals) != 3 or min(vals) < 1:
+                raise ValueError(
+                    f"kernel_config.gemv.launch[{kind!r}]: expected (block_n, block_k, "
+                    f"num_warps), got {vals}."
+                )
+            launch[kind] = vals
+        object.__setattr__(self, "launch", launch)
+
+
+@dataclass(frozen=True)
+class AttentionKernelConfig:
+    """The Triton attention backend and its split-KV decode kernel."""
+
+    fuse_rope_kv: bool = _knob(True, "Rotary and the K/V cache write in one kernel.")
+    order_min_reqs: int = _knob(
+        64, "From this many decode requests, run them longest context first."
+    )
+    max_splits: int = _knob(
+        _SPLITS_CAP, f"Most splits of one request's context in decode attention (1..{_SPLITS_CAP})."
+    )
+    min_split_tokens: int = _knob(0, "A decode split takes at least this many tokens (CUDA).")
+    pre_wait_max_reqs: int = _knob(
+        4, "Up to this many requests, decode splits read their inputs before the PDL wait."
+    )
+    split_early: bool = _knob(
+        True, "Up to pre_wait_max_reqs requests, a 16-bit cache's splits release the reduce early."
+    )
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_splits <= _SPLITS_CAP:
+            raise ValueError(
+                f"kernel_config.attention.max_splits must be in [1, {_SPLITS_CAP}], got "
+                f"{self.max_splits}."
+            )
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Which fast paths the engine takes and how its Triton kernels launch. Every field is a
+    speed decision: outputs are the same either way (to the dtype's rounding)."""
+
+    triton_kernels: bool = _switch(
+        envs.FULCRUM_DISABLE_TRITON_KERNELS,
+        "Run fulcrum's Triton kernels on CUDA tensors (off: the torch versions).",
+        invert=True,
+    )
+    pdl: PdlConfig = _section(PdlConfig, "Programmatic dependent launch.")
+    gemv: GemvConfig = _section(GemvConfig, "The few-row linear-layer kernel.")
+    attention: AttentionKernelConfig = _section(AttentionKernelConfig, "Triton attention.")
+    rmsnorm_weight_first: bool = _knob(
+        True, "RMSNorm loads its weight before the PDL wait (it is never written in a step)."
+    )
+    argmax_kernel: bool = _switch(
+        envs.FULCRUM_ARGMAX_KERNEL, "Greedy rows' argmax in one Triton launch (CUDA)."
+    )
+    fused_sampler: bool = _switch(
+        envs.FULCRUM_FUSED_SAMPLER,
+        "Sampled rows without penalties or logprobs take the sort-free kernels (CUDA).",
+    )
+    graph_patch: bool = _switch(
+        envs.FULCRUM_GRAPH_PATCH,
+        "Decode graphs patch in the previous step's sampled ids as their first kernel.",
+    )
+    capture_warmup: bool = _switch(
+        envs.FULCRUM_CAPTURE_WARMUP,
+        "Run every decode graph's step eagerly before capturing it, even after the dry run.",
+    )
+    compile_ahead: bool = _switch(
+        envs.FULCRUM_COMPILE_AHEAD,
+        "Compile the Triton kernels of start-up's passes in parallel, ahead of running them.",
+    )
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], prefix: str = "") -> KernelConfig:
+        """A config from (nested) JSON-style values; an unknown key raises ValueError naming
+        it. Unnamed fields keep their defaults."""
+        return _from_dict(cls, values, prefix)
+
+    def replace(self, **changes: Any) -> KernelConfig:
+        """A copy with ``changes``: nested sections as dicts merge into the current ones
+        (``replace(pdl={"enabled": False})`` keeps ``pdl.pre_release``)."""
+        merged = dataclasses.asdict(self)
+        for key, value in changes.items():
+            if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            elif dataclasses.is_dataclass(value):
+                merged[key] = dataclasses.asdict(value)  # type: ignore[arg-type]
+            else:
+                merged[key] = value
+        return _from_dict(type(self), merged, "")
+
+
+def _from_dict(cls: type, values: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(values, Mapping):
+        where = f"kernel_config.{prefix}" if prefix else "kernel_config"
+        raise ValueError(f"{where}: expected an object, got {values!r}.")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        f = fields.get(key)
+        if f is None:
+            raise ValueError(
+                f"kernel_config: unknown key {prefix + '.' + key if prefix else key!r}; "
+                f"expected one of {', '.join(fields)}."
+            )
+        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if isinstance(sub, type) and dataclasses.is_dataclass(sub):
+            value = _from_dict(sub, value, f"{prefix}.{key}" if prefix else key)
+        elif f.type in ("bool", "int") and (
+            not isinstance(value, int) or isinstance(value, bool) != (f.type == "bool")
+        ):
+            name = f"{prefix}.{key}" if prefix else key
+            raise ValueError(f"kernel_config.{name}: expected {f.type}, got {value!r}.")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def describe_kernel_config(
+    cls: type = KernelConfig, prefix: str = ""
+) -> Iterator[tuple[str, Any, str, str | None]]:
+    """``(dotted name, default, description, seeding env var)`` for every switch."""
+    default = cls()
+    for f in dataclasses.fields(cls):
+        value = getattr(default, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from describe_kernel_config(type(value), prefix + f.name + ".")
+        else:
+            yield prefix + f.name, value, f.metadata.get("doc", ""), f.metadata.get("env")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
+    """The resolved engine. Built by ``EngineArgs.create_engine_config``, which holds the
+    user-facing defaults; the fields below are the decisions it resolved (eager on the CPU,
+    ``auto`` scheduling by device, ...), so they carry no defaults of their own."""
+
     model_config: ModelConfig
     cache_config: CacheConfig
     scheduler_config: SchedulerConfig
     device: torch.device
-    attention_backend: str = "auto"  # "torch" | "triton" | "auto"
-    enforce_eager: bool = True
-    async_scheduling: bool = False  # schedule step N+1 before step N's tokens are back
-    piecewise_graph_max_tokens: int = 0  # prefill/mixed steps up to this many tokens: graphs
-    extra: dict[str, Any] = field(default_factory=dict)
+    attention_backend: str  # "torch" | "triton" | "auto"
+    enforce_eager: bool
+    async_scheduling: bool  # schedule step N+1 before step N's tokens are back
+    piecewise_graph_max_tokens: int  # prefill/mixed steps up to this many tokens: graphs
+    kernel_config: KernelConfig  # the kernels' fast paths and launch settings

@@ -57,7 +57,12 @@ def tiny_llama(tmp_path_factory) -> str:
 
 
 def _engine(
-    path: str, dtype: str, eager: bool, async_scheduling: str = "auto", piecewise: int = 0
+    path: str,
+    dtype: str,
+    eager: bool,
+    async_scheduling: str = "auto",
+    piecewise: int = 0,
+    kernel_config: dict | None = None,
 ) -> LLM:
     return LLM(
         path,
@@ -70,14 +75,13 @@ def _engine(
         block_size=16,
         num_kv_blocks=1024,
         piecewise_graph_max_tokens=piecewise,
+        kernel_config=kernel_config,
     )
 
 
 @pytest.mark.parametrize("release", ["after-wait", "pre"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_graph_replay_matches_eager(
-    tiny_llama: str, dtype: str, release: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_graph_replay_matches_eager(tiny_llama: str, dtype: str, release: str) -> None:
     """19 requests with different output lengths: the batch shrinks through several buckets.
     Reference: eager, one step at a time, decode programs in request order, plain kernel launches;
     checked: graphs with asynchronous scheduling, programmatic dependent launch (on Hopper; with
@@ -90,20 +94,22 @@ def test_graph_replay_matches_eager(
     max_tokens = [8 + 3 * i for i in range(19)]
     logprobs = None if dtype == "float32" else TOP
 
-    monkeypatch.setattr(pdl, "ENABLED", False)
-    eager = _engine(tiny_llama, dtype, eager=True, async_scheduling="off")
+    no_pdl = {"pdl": {"enabled": False}}
+    eager = _engine(tiny_llama, dtype, eager=True, async_scheduling="off", kernel_config=no_pdl)
     assert eager.core.runner.graphs is None
     ref, ref_top = _generate(eager, prompts, max_tokens, logprobs)
     del eager
     gc.collect()
 
-    monkeypatch.setattr(pdl, "ENABLED", True)
-    monkeypatch.setattr(pdl, "PRE_RELEASE", release == "pre")
+    kc = {
+        "pdl": {"enabled": True, "pre_release": release == "pre"},
+        "attention": {"order_min_reqs": 8},
+    }
+    llm = _engine(tiny_llama, dtype, eager=False, kernel_config=kc)
     if torch.cuda.get_device_capability()[0] >= 9:
         want = pdl.PRE if release == "pre" else pdl.EARLY
-        assert pdl.mode(torch.empty(1, device="cuda"), 1) == want
-    monkeypatch.setattr("fulcrum.attention.triton_backend.ORDER_MIN_REQS", 8)
-    llm = _engine(tiny_llama, dtype, eager=False)
+        pdl_cfg = llm.core.runner.kernel_config.pdl
+        assert pdl.mode(torch.empty(1, device="cuda"), 1, pdl_cfg) == want
     assert llm.core.async_scheduling
     runner = llm.core.runner
     assert runner.use_cuda_graphs and runner.graphs is not None
@@ -214,19 +220,17 @@ def test_logprobs_close_to_transformers_tiny(tiny_llama: str) -> None:
 
 
 @pytest.mark.parametrize("fuse", [False, True])
-def test_batch1_gemv_close_to_transformers_tiny(
-    tiny_llama: str, fuse: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_batch1_gemv_close_to_transformers_tiny(tiny_llama: str, fuse: bool) -> None:
     """One request at a time, so every decode step is a one-row step on the Triton GEMV, with
     and without the activation in gate_up's GEMV and rotary + the K/V write in qkv's
-    (``FULCRUM_GEMV_SILU``, ``FULCRUM_GEMV_ROPE``): bf16 against transformers."""
-    from fulcrum.kernels import gemv
-
+    (``KernelConfig.gemv.fuse_silu``, ``.fuse_rope``): bf16 against transformers."""
     prompts, max_new = _prompts(3, 320, seed=4), 24
     ref, ref_top = _hf_greedy_top(tiny_llama, prompts, max_new)
-    monkeypatch.setattr(gemv, "FUSE_SILU", fuse)
-    monkeypatch.setattr(gemv, "FUSE_ROPE", fuse)
-    llm = LLM(tiny_llama, device="cuda", dtype="bfloat16", num_kv_blocks=2048, max_num_seqs=16)
+    kc = {"gemv": {"fuse_silu": fuse, "fuse_rope": fuse}}
+    llm = LLM(
+        tiny_llama, device="cuda", dtype="bfloat16", num_kv_blocks=2048, max_num_seqs=16,
+        kernel_config=kc,
+    )  # fmt: skip
     for i, p in enumerate(prompts):
         got, got_top = _generate(llm, [p], [max_new], TOP)
         assert len(got[0]) == max_new

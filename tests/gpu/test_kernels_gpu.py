@@ -248,7 +248,8 @@ def test_fp8_cache_kernels_llama8b() -> None:
     assert err < 0.05, f"relative error {err:.4f}"
 
 
-def test_pdl_modes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pdl_modes() -> None:
+    from fulcrum.config import PdlConfig
     from fulcrum.kernels import pdl
 
     x = torch.empty(1, device="cuda")
@@ -256,16 +257,16 @@ def test_pdl_modes(monkeypatch: pytest.MonkeyPatch) -> None:
         assert pdl.mode(x, 1) == pdl.OFF
         return
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    monkeypatch.setattr(pdl, "PRE_RELEASE", False)
-    assert pdl.mode(x, sms) == pdl.EARLY  # the whole grid is resident: release the next early
-    assert pdl.mode(x, sms + 1) == pdl.WAIT
-    assert pdl.mode(x, sms + 1, early=True) == pdl.EARLY  # the GEMV's grid, whatever its size
-    monkeypatch.setattr(pdl, "PRE_RELEASE", True)
-    assert pdl.mode(x, sms) == pdl.PRE  # released before the wait
-    assert pdl.mode(x, sms + 1) == pdl.WAIT
-    assert pdl.mode(x, 100 * sms, early=True) == pdl.PRE
-    monkeypatch.setattr(pdl, "ENABLED", False)
-    assert pdl.mode(x, 1) == pdl.OFF
+    after = PdlConfig(enabled=True, pre_release=False)
+    assert pdl.mode(x, sms, after) == pdl.EARLY  # the whole grid is resident: release early
+    assert pdl.mode(x, sms + 1, after) == pdl.WAIT
+    assert pdl.mode(x, sms + 1, after, early=True) == pdl.EARLY  # the GEMV's grid, any size
+    pre = PdlConfig(enabled=True, pre_release=True)
+    assert pdl.mode(x, sms, pre) == pdl.PRE  # released before the wait
+    assert pdl.mode(x, sms + 1, pre) == pdl.WAIT
+    assert pdl.mode(x, 100 * sms, pre, early=True) == pdl.PRE
+    assert pdl.mode(x, 2 * sms, PdlConfig(enabled=True, early_max_waves=2)) == pdl.PRE
+    assert pdl.mode(x, 1, PdlConfig(enabled=False)) == pdl.OFF
 
 
 def test_fp8_weight_gemm_llama8b() -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fulcrum.config import KernelConfig
 from fulcrum.kernels.argmax import MAX_ROWS, argmax_rows
 
 
@@ -45,13 +46,14 @@ def test_greedy_argmax_takes_the_kernel_where_triton_runs(monkeypatch: pytest.Mo
     calls = []
     real = argmax_mod.argmax_rows
     monkeypatch.setattr(
-        argmax_mod, "argmax_rows", lambda x, out=None: calls.append(len(x)) or real(x, out)
+        argmax_mod, "argmax_rows", lambda x, out=None, *a: calls.append(len(x)) or real(x, out)
     )
-    monkeypatch.setattr(sampler_mod, "use_triton", lambda t: True)
+    monkeypatch.setattr(sampler_mod, "use_triton", lambda *a: True)
     for n, enabled in ((1, True), (4, True), (MAX_ROWS + 1, True), (2, False)):
-        monkeypatch.setattr(argmax_mod, "ENABLED", enabled)
+        kc = KernelConfig(argmax_kernel=enabled)
         x = torch.randn(n, 2048)
-        assert torch.equal(sampler_mod.greedy_argmax(x), x.argmax(-1))
+        assert torch.equal(sampler_mod.greedy_argmax(x, None, kc), x.argmax(-1))
         out = torch.full((n,), -1, dtype=torch.int64)  # a decode graph's shared ids buffer
-        assert sampler_mod.greedy_argmax(x, out) is out and torch.equal(out, x.argmax(-1))
+        got = sampler_mod.greedy_argmax(x, out, kc)
+        assert got is out and torch.equal(out, x.argmax(-1))
     assert calls == [1, 1, 4, 4]

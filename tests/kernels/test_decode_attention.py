@@ -125,13 +125,12 @@ def test_decode_min_split_tokens(min_split: int) -> None:
 
 
 @pytest.mark.parametrize("num_splits", [2, 4])
-def test_decode_reads_before_the_wait_give_the_same_rows(
-    num_splits: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_decode_reads_before_the_wait_give_the_same_rows(num_splits: int) -> None:
     """Small batches read their request rows, lengths and first blocks before the PDL wait
-    (``PRE_WAIT_MAX_REQS``): the same rows as the loop that reads them after it, with splits
-    of several tiles, a split past a short context and a prefill row to skip."""
-    import fulcrum.kernels.decode_attention as mod
+    (``AttentionKernelConfig.pre_wait_max_reqs``): the same rows as the loop that reads them
+    after it, with splits of several tiles, a split past a short context and a prefill row to
+    skip."""
+    from fulcrum.config import AttentionKernelConfig
 
     g = torch.Generator().manual_seed(20 + num_splits)
     seq_lens, query_lens = [90, 7, 41], [1, 3, 1]
@@ -139,11 +138,11 @@ def test_decode_reads_before_the_wait_give_the_same_rows(
     q = torch.randn(meta.num_tokens, 4, 64, generator=g)
     outs = []
     for most in (4, 0):
-        monkeypatch.setattr(mod, "PRE_WAIT_MAX_REQS", most)
         out = torch.full_like(q, 7.0)
         decode_attention(
             q, cache, meta.block_tables, meta.seq_lens, 0.1,
             query_start_loc=meta.query_start_loc, out=out, num_splits=num_splits,
+            cfg=AttentionKernelConfig(pre_wait_max_reqs=most),
         )  # fmt: skip
         outs.append(out)
     assert torch.equal(outs[0], outs[1])

@@ -95,15 +95,13 @@ def _tiny_layer(rope=None, backend=None):
     return layer
 
 
-def _on_the_interpreters_gemv(monkeypatch, block_n: int, kernel: str) -> list:
+def _on_the_interpreters_gemv(monkeypatch, kernel: str) -> list:
     """Linear layers run the GEMV (in the interpreter) as on CUDA; returns a list that gets an
     entry per call of ``gemv.<kernel>``."""
     import fulcrum.model.layers.linear as linear_mod
     from fulcrum.kernels import gemv as gemv_mod
 
-    cfg = {k: (block_n, 32, 1) for k in gemv_mod.GPU_CONFIG}
-    monkeypatch.setattr(gemv_mod, "GPU_CONFIG", cfg)
-    monkeypatch.setattr(linear_mod, "use_triton", lambda t: True)
+    monkeypatch.setattr(linear_mod, "use_triton", lambda *a: True)
     calls: list = []
     real = getattr(gemv_mod, kernel)
     monkeypatch.setattr(gemv_mod, kernel, lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -112,15 +110,17 @@ def _on_the_interpreters_gemv(monkeypatch, block_n: int, kernel: str) -> list:
 
 def test_silu_in_the_layer_matches_the_unfused_layer(monkeypatch: pytest.MonkeyPatch) -> None:
     """A decoder layer's half after attention with SiLU-and-mul in gate_up's one-row GEMV
-    (``gemv.FUSE_SILU``) against the same layer with the activation as its own kernel."""
-    from fulcrum.kernels import gemv as gemv_mod
+    (``KernelConfig.gemv.fuse_silu``) against the same layer with the activation as its own
+    kernel."""
+    from fulcrum.config import KernelConfig
+    from fulcrum.kernels.dispatch import set_kernel_config
 
     layer = _tiny_layer()
     o, residual = torch.randn(1, 64), torch.randn(1, 64)
     out, res = layer.after_attention(o, residual)  # off CUDA: torch throughout
-    calls = _on_the_interpreters_gemv(monkeypatch, 8, "silu_gemv")
+    calls = _on_the_interpreters_gemv(monkeypatch, "silu_gemv")
     for fuse in (True, False):
-        monkeypatch.setattr(gemv_mod, "FUSE_SILU", fuse)
+        set_kernel_config(layer, KernelConfig().replace(gemv={"fuse_silu": fuse}))
         out_f, res_f = layer.after_attention(o, residual)
         torch.testing.assert_close(res_f, res, atol=1e-5, rtol=1e-5)  # o_proj on the GEMV
         torch.testing.assert_close(out_f, out, atol=1e-4, rtol=1e-4)
@@ -130,12 +130,13 @@ def test_silu_in_the_layer_matches_the_unfused_layer(monkeypatch: pytest.MonkeyP
 @torch.inference_mode()
 def test_rope_in_the_layer_matches_the_unfused_layer(monkeypatch: pytest.MonkeyPatch) -> None:
     """A decoder layer's half before attention with rotary and the K/V write in qkv's one-row
-    GEMV (``gemv.FUSE_ROPE``) against the same layer with rotary and the cache write done by
-    the attention backend after the projection."""
+    GEMV (``KernelConfig.gemv.fuse_rope``) against the same layer with rotary and the cache
+    write done by the attention backend after the projection."""
     from types import SimpleNamespace
 
     from fulcrum.attention.torch_ref import TorchAttentionBackend
-    from fulcrum.kernels import gemv as gemv_mod
+    from fulcrum.config import KernelConfig
+    from fulcrum.kernels.dispatch import set_kernel_config
     from fulcrum.model.layers.rotary import RotaryEmbedding
 
     rope = RotaryEmbedding(SimpleNamespace(rope_theta=10000.0), 16, 64)
@@ -145,9 +146,9 @@ def test_rope_in_the_layer_matches_the_unfused_layer(monkeypatch: pytest.MonkeyP
     cache = torch.zeros(2, 8, 4, 2, 16)
     want = layer.before_attention(x, residual, pos, cache, slots)  # off CUDA: torch throughout
     assert cache[:, 3, 1].abs().sum() > 0  # slot 13 = block 3, offset 1
-    calls = _on_the_interpreters_gemv(monkeypatch, 4, "rope_gemv")
+    calls = _on_the_interpreters_gemv(monkeypatch, "rope_gemv")
     for fuse in (True, False):
-        monkeypatch.setattr(gemv_mod, "FUSE_ROPE", fuse)
+        set_kernel_config(layer, KernelConfig().replace(gemv={"fuse_rope": fuse}))
         got_cache = torch.zeros_like(cache)
         got = layer.before_attention(x, residual, pos, got_cache, slots)
         for g, w in zip(got, want, strict=True):

@@ -44,17 +44,15 @@ def test_fused_add_rms_norm_matches_ref(shape: tuple[int, ...]) -> None:
     assert torch.equal(x, x0) and torch.equal(res, res0)  # inputs untouched
 
 
-def test_weight_read_before_or_after_the_wait_gives_the_same_rows(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_weight_read_before_or_after_the_wait_gives_the_same_rows() -> None:
     import fulcrum.kernels.rmsnorm as mod
+    from fulcrum.kernels import pdl
 
     g = torch.Generator().manual_seed(9)
     x, res = torch.randn(3, 96, generator=g), torch.randn(3, 96, generator=g)
     w = torch.randn(96, generator=g)
     outs = []
     for first in (True, False):
-        monkeypatch.setattr(mod, "WEIGHT_FIRST", first)
-        outs.append(mod.fused_add_rms_norm(x, res, w, 1e-5))
+        outs.append(mod.fused_add_rms_norm(x, res, w, 1e-5, pdl.DEFAULT, weight_first=first))
     assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
     torch.testing.assert_close(outs[0][0], mod.fused_add_rms_norm_ref(x, res, w, 1e-5)[0])

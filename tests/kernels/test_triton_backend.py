@@ -9,6 +9,7 @@ from paged_batch import make_paged_batch
 from fulcrum.attention.selector import get_backend_cls
 from fulcrum.attention.torch_ref import TorchAttentionBackend
 from fulcrum.attention.triton_backend import TritonAttentionBackend
+from fulcrum.config import KernelConfig
 
 CASES = {
     # name: (seq_lens, query_lens, num_pad_tokens)
@@ -31,9 +32,8 @@ def test_triton_backend_matches_torch(
     head_dim: int,
     page_size: int,
     order_min_reqs: int,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("fulcrum.attention.triton_backend.ORDER_MIN_REQS", order_min_reqs)
+    kc = KernelConfig().replace(attention={"order_min_reqs": order_min_reqs})
     seq_lens, query_lens, pad = CASES[case]
     g = torch.Generator().manual_seed(len(case) * 7 + num_heads + page_size)
     cache, meta = make_paged_batch(
@@ -45,7 +45,7 @@ def test_triton_backend_matches_torch(
     v = torch.randn(t, num_kv_heads, head_dim, generator=g)
     scale = head_dim**-0.5
     ref_cache = cache.clone()
-    out = TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale).forward(
+    out = TritonAttentionBackend(num_heads, num_kv_heads, head_dim, scale, kc).forward(
         q, k, v, cache, meta
     )
     ref = TorchAttentionBackend(num_heads, num_kv_heads, head_dim, scale).forward(

@@ -30,9 +30,6 @@ def test_emulated_decode_graphs_match_eager(tiny_models, patch_in_graph, monkeyp
     """Replays give eager's tokens through shrinking buckets, with the previous step's ids
     patched in by the graph itself or before it, and from the sampler (a request asking for
     logprobs) or the graph's own argmax."""
-    import fulcrum.worker.cuda_graph as cg
-
-    monkeypatch.setattr(cg, "PATCH_IN_GRAPH", patch_in_graph)
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 320) for _ in range(rng.randrange(3, 40))] for _ in range(7)]
     max_tokens = [3 + 2 * i for i in range(7)]  # the batch shrinks through several buckets
@@ -41,7 +38,8 @@ def test_emulated_decode_graphs_match_eager(tiny_models, patch_in_graph, monkeyp
     # The Triton backend (fused rotary + KV write, paged kernels) agrees with the torch one.
     ref_kw = {**kw, "attention_backend": "torch"}
     assert want == _greedy(LLM(tiny_models["llama"], **ref_kw), prompts, max_tokens)
-    llm = LLM(tiny_models["llama"], async_scheduling="on", **kw)
+    kc = {"graph_patch": patch_in_graph}
+    llm = LLM(tiny_models["llama"], async_scheduling="on", kernel_config=kc, **kw)
     runner = llm.core.runner
     startup.capture_graphs(runner, emulate=True)
     assert runner.use_cuda_graphs and runner.graphs.sizes == [1, 2, 4, 8]

@@ -11,7 +11,7 @@ from fulcrum import LLM, SamplingParams
 def test_one_launch_sampler_serves_plain_sampling_batches(tiny_models, monkeypatch) -> None:
     import fulcrum.worker.step_sampling as mr
 
-    monkeypatch.setattr(mr, "use_triton", lambda t: True)  # the CUDA path, interpreted
+    monkeypatch.setattr(mr, "use_triton", lambda *a: True)  # the CUDA path, interpreted
     calls: list[int] = []
     real = mr.sample_fused
     monkeypatch.setattr(mr, "sample_fused", lambda x, p, *a: calls.append(len(p)) or real(x, p, *a))
@@ -46,6 +46,45 @@ def test_one_launch_sampler_serves_plain_sampling_batches(tiny_models, monkeypat
     ):
         llm.generate(prompts[:2], [nucleus, other], use_tqdm=False)
     assert calls == []
+
+
+def test_two_engines_in_one_process_follow_their_own_switch(tiny_models, monkeypatch) -> None:
+    """``KernelConfig.fused_sampler`` belongs to each engine: two engines in one process, one
+    with the sort-free sampler off, sample the same batch on different paths, in turn."""
+    import fulcrum.worker.step_sampling as mr
+
+    monkeypatch.setattr(mr, "use_triton", lambda *a: True)  # the CUDA path, interpreted
+    fused_rows: list[int] = []
+    real = mr.sample_fused
+    monkeypatch.setattr(
+        mr, "sample_fused", lambda x, p, *a: fused_rows.append(len(p)) or real(x, p, *a)
+    )
+    kw = dict(device="cpu", dtype="float32", kv_cache_memory=0.05)
+    on = LLM(tiny_models["llama"], **kw)
+    off = LLM(tiny_models["llama"], kernel_config={"fused_sampler": False}, **kw)
+    assert on.core.runner.kernel_config.fused_sampler
+    assert not off.core.runner.kernel_config.fused_sampler
+    sp = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=2, ignore_eos=True)
+    prompts = [[5, 17, 40, 9], [200, 3, 77]]
+    for llm, takes_kernel in ((off, False), (on, True), (off, False)):
+        fused_rows.clear()
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        assert all(len(o.outputs[0].token_ids) == 2 for o in outs)
+        assert bool(fused_rows) == takes_kernel, (llm is on, fused_rows)
+    # the runner's one switch-over point hands a new config to everything that holds one
+    from fulcrum.kernels.dispatch import Configured
+
+    runner = off.core.runner
+    swapped = runner.kernel_config.replace(fused_sampler=True, gemv={"max_m": 2})
+    runner.set_kernel_config(swapped)
+    holders = [m for m in runner.model.modules() if isinstance(m, Configured)]
+    assert len(holders) > 10 and all(m.kernel_config is swapped for m in holders)
+    assert runner.attn_backend.kernel_config is swapped
+    assert runner.config.kernel_config is swapped
+    fused_rows.clear()
+    off.generate(prompts, sp, use_tqdm=False)
+    assert fused_rows  # now it takes the kernel
+    assert on.core.runner.kernel_config.gemv.max_m == 1  # the other engine is untouched
 
 
 @pytest.mark.parametrize("params", [dict(top_k=5), dict(top_p=0.5), dict(min_p=0.2, seed=1)])

@@ -64,10 +64,13 @@ def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            targets = [f"{mod}.{a.name}" for a in node.names] + [mod]
+            # ``from pkg import name`` imports the module ``pkg.name`` if there is one, else
+            # ``name`` from ``pkg`` itself
+            targets = [
+                f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod for a in node.names
+            ]
         else:
             continue
-        # ``from pkg import name`` names a module when ``pkg.name`` is one; else ``pkg`` itself
         found.update(t for t in targets if t in modules)
     found.discard(name)
     return found

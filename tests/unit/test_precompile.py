@@ -44,8 +44,9 @@ def test_compile_ahead_failure_is_logged_and_skipped(
         assert precompile.compile_ahead(boom, "KV profiling") is None
     assert JITFunction.run is run
     assert "Compiling ahead of KV profiling failed (no such kernel)" in caplog.text
-    monkeypatch.setattr(precompile, "ENABLED", False)
-    assert precompile.compile_ahead(boom, "x") is None  # switched off: not even tried
+    calls = []
+    off = precompile.compile_ahead(lambda: calls.append(1), "x", enabled=False)
+    assert off is None and calls == []  # switched off: not even tried
 
 
 def test_launchers_are_built_in_the_pool_and_failures_skipped(

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fulcrum.config import KernelConfig
+
 
 @dataclass
 class AttentionMetadata:
@@ -88,11 +90,20 @@ class AttentionBackend(ABC):
 
     name: str = "abstract"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        kernel_config: KernelConfig | None = None,
+    ) -> None:
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        # the engine's kernel switches (the model replaces it with its own at construction)
+        self.kernel_config = kernel_config if kernel_config is not None else KernelConfig()
 
     def forward(
         self,

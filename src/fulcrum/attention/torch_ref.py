@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata, register_backend
+from fulcrum.config import KernelConfig
 from fulcrum.kv_cache.dtype import v_token_major, write_rows, write_v_rows
 
 
@@ -120,8 +121,15 @@ def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 @register_backend("torch")
 class TorchAttentionBackend(AttentionBackend):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
-        super().__init__(num_heads, num_kv_heads, head_dim, scale)
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        kernel_config: KernelConfig | None = None,
+    ) -> None:
+        super().__init__(num_heads, num_kv_heads, head_dim, scale, kernel_config)
         self._scratch = GatherScratch()  # decode K/V, [B, L, Hkv, D], shared by the layers
 
     def write_kv(self, k, v, kv_cache, slot_mapping) -> None:

@@ -13,6 +13,12 @@ once per step on the host from ``query_start_loc_cpu``. A pure-decode step (``ma
 only the first two, reads only device tensors and the batch shape (``num_reqs``, head counts) --
 never sequence lengths on the host -- and reuses one split-KV scratch per device, so it can be
 captured in a CUDA graph (run one eager step at the largest batch first).
+
+From ``kernel_config.attention.order_min_reqs`` requests on, the decode kernel takes them longest
+context first, so the programs left running at the end of a layer are short ones (measured
+faster on an H200 at batches 128 and 384); the order depends on the batch size only, so it is
+graph-safe. ``kernel_config.attention.fuse_rope_kv`` fuses rotary with the KV write (one launch
+per layer fewer).
 """
 
 from __future__ import annotations
@@ -27,12 +33,6 @@ from fulcrum.kernels.rotary import apply_rotary
 
 # One scratch per device, shared by every layer: layers run one after another on one stream.
 _WORKSPACES: dict[torch.device, DecodeWorkspace] = {}
-# From this many requests the decode kernel takes them longest context first, so the programs
-# left running at the end of a layer are short ones (batch 384, contexts 1,000-2,000 on an H200:
-# 572 -> 556 us; batch 128: 222 -> 213 us). Depends on the batch size only: graph-safe.
-ORDER_MIN_REQS = 64
-# Rotary and the KV write in one kernel (one launch per layer fewer); off only for A/B runs.
-FUSE_ROPE_KV = True
 
 
 def _workspace(device: torch.device) -> DecodeWorkspace:
@@ -64,14 +64,16 @@ class TritonAttentionBackend(AttentionBackend):
 
     def rope_and_write_kv(self, rope, positions, q, k, v, kv_cache, slot_mapping):
         cos_sin = getattr(rope, "cos_sin_cache", None)
-        if cos_sin is None or not FUSE_ROPE_KV:
+        kc = self.kernel_config
+        if cos_sin is None or not kc.attention.fuse_rope_kv:
             return super().rope_and_write_kv(rope, positions, q, k, v, kv_cache, slot_mapping)
-        return apply_rotary(q, k, positions, cos_sin, kv_write=(v, kv_cache, slot_mapping))
+        kv_write = (v, kv_cache, slot_mapping)
+        return apply_rotary(q, k, positions, cos_sin, kv_write=kv_write, pdl_cfg=kc.pdl)
 
     def write_kv(
         self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
     ) -> None:
-        reshape_and_cache(k, v, kv_cache, slot_mapping)
+        reshape_and_cache(k, v, kv_cache, slot_mapping, self.kernel_config.pdl)
 
     def attend(
         self,
@@ -82,6 +84,7 @@ class TritonAttentionBackend(AttentionBackend):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         out = torch.empty_like(q)
+        kc = self.kernel_config
         n = meta.num_reqs
         views = meta.backend_cache.get("triton_views")  # once per step, not per layer
         if views is None:
@@ -91,7 +94,7 @@ class TritonAttentionBackend(AttentionBackend):
         has_decode, work = self._plan(q, kv_cache, meta)
         if has_decode:
             order = None
-            if n >= ORDER_MIN_REQS:  # one sort per step, shared by the layers
+            if n >= kc.attention.order_min_reqs:  # one sort per step, shared by the layers
                 order = meta.backend_cache.get("decode_order")
                 if order is None:
                     order = torch.argsort(seq_lens, descending=True)
@@ -106,6 +109,8 @@ class TritonAttentionBackend(AttentionBackend):
                 out=out,
                 workspace=_workspace(q.device),
                 order=order,
+                cfg=kc.attention,
+                pdl_cfg=kc.pdl,
             )
         if work is not None:
             prefill_attention(
@@ -119,5 +124,6 @@ class TritonAttentionBackend(AttentionBackend):
                 out=out,
                 skip_decode=has_decode,
                 work=work,
+                pdl_cfg=kc.pdl,
             )
         return out

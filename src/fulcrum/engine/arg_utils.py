@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fulcrum.config import (
     CacheConfig,
     EngineConfig,
+    KernelConfig,
     SchedulerConfig,
+    describe_kernel_config,
     resolve_device,
     resolve_dtype,
 )
@@ -54,7 +59,37 @@ _HELP = {
     "CUDA graphs captured per token bucket around attention, which runs eagerly in between "
     "(cuts the host's launch work for short prompts: an 8B model's 128-token prompt answers in "
     "~6 ms instead of ~13 on an H200; CUDA only, not with --enforce-eager; 0: off).",
+    "kernel_config": "The kernels' fast paths and launch settings as JSON, e.g. "
+    '\'{"pdl": {"enabled": false}, "gemv": {"max_m": 0}}\'; fields not named keep their '
+    "defaults (README: Switches). Fields: ",
 }
+
+
+def _kernel_config_help() -> str:
+    fields = ", ".join(name for name, *_ in describe_kernel_config())
+    return _HELP["kernel_config"] + fields + "."
+
+
+def parse_kernel_config(value: str | Mapping[str, Any] | KernelConfig | None) -> KernelConfig:
+    """``--kernel-config``'s JSON, a dict of the same shape, or a config: a ``KernelConfig``.
+    An unknown key or a value of the wrong type raises ValueError naming it."""
+    if value is None:
+        return KernelConfig()
+    if isinstance(value, KernelConfig):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"kernel_config: not valid JSON ({e}).") from None
+    return KernelConfig.from_dict(value)  # type: ignore[arg-type]
+
+
+def _cli_kernel_config(text: str) -> KernelConfig:
+    try:
+        return parse_kernel_config(text)
+    except ValueError as e:  # argparse prints it with the flag's name and exits 2
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 @dataclass
@@ -80,6 +115,8 @@ class EngineArgs:
     enforce_eager: bool = False
     async_scheduling: str = "auto"
     piecewise_graph_max_tokens: int = 1024
+    # a KernelConfig, or a dict (JSON from the CLI) of the fields to change; None: the defaults
+    kernel_config: KernelConfig | dict[str, Any] | str | None = None
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -87,6 +124,11 @@ class EngineArgs:
         for f in dataclasses.fields(EngineArgs):
             flag = "--" + f.name.replace("_", "-")
             default = f.default
+            if f.name == "kernel_config":  # JSON text, parsed (and checked) with the config
+                g.add_argument(
+                    flag, type=_cli_kernel_config, default=None, help=_kernel_config_help()
+                )
+                continue
             if isinstance(default, bool):
                 g.add_argument(
                     flag,
@@ -130,6 +172,7 @@ class EngineArgs:
                 "piecewise_graph_max_tokens must be 0 (off) or positive, got "
                 f"{self.piecewise_graph_max_tokens}."
             )
+        kernel_config = parse_kernel_config(self.kernel_config)
         from fulcrum.quant import get_quant_method
 
         quant = get_quant_method(self.quantization)  # unknown name: ValueError naming the field
@@ -169,4 +212,5 @@ class EngineArgs:
             async_scheduling=self.async_scheduling == "on"
             or (self.async_scheduling == "auto" and device.type == "cuda"),
             piecewise_graph_max_tokens=self.piecewise_graph_max_tokens,
+            kernel_config=kernel_config,
         )

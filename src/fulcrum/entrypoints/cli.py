@@ -42,9 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _setup_logging() -> None:
     import logging
-    import os
 
-    level = os.environ.get("FULCRUM_LOG_LEVEL", "INFO").upper()
+    from fulcrum import envs
+
+    level = (envs.FULCRUM_LOG_LEVEL.get() or "INFO").upper()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
     root = logging.getLogger("fulcrum")

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
 
 
@@ -30,7 +31,7 @@ def _silu_and_mul_kernel(
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, pdl_cfg: PdlConfig = pdl.DEFAULT) -> torch.Tensor:
     """``x [..., 2I] -> silu(x[..., :I]) * x[..., I:]`` of shape ``[..., I]`` (fp32 math)."""
     two_i = x.shape[-1]
     assert two_i % 2 == 0
@@ -42,7 +43,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x2.shape[0] > 0:
         block = min(1024 if x.is_cuda else 256, triton.next_power_of_2(inter))
         grid = (x2.shape[0], triton.cdiv(inter, block))
-        m = pdl.mode(x, grid[0] * grid[1])
+        m = pdl.mode(x, grid[0] * grid[1], pdl_cfg)
         opts = pdl.launch_options(m)
         _silu_and_mul_kernel[grid](
             x2, out, x2.stride(0), out.stride(0), I=inter, BLOCK=block, PDL=m, num_warps=4, **opts

@@ -18,19 +18,17 @@ LM head's kernel like the rest of the step.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
 
 # The greedy sampler uses this kernel on CUDA for up to MAX_ROWS rows (more: torch's argmax,
-# which spreads a large batch over the device). ``FULCRUM_ARGMAX_KERNEL=0`` turns it off.
-# H200, batch-1 step's graph: 3.972 ms against 3.974 with torch's argmax (BENCHMARKS.md, tenth
-# session): neutral on the device, one launch instead of four.
-ENABLED = os.environ.get("FULCRUM_ARGMAX_KERNEL", "1") == "1"
+# which spreads a large batch over the device), where ``KernelConfig.argmax_kernel`` is on.
+# Measured neutral on an H200's device time at batch 1: it is kept for the three launches it
+# saves the host.
 MAX_ROWS = 32
 CHUNK, WARPS = 16384, 16  # 32 values a thread per chunk
 INTERPRET_CHUNK = 1024
@@ -54,7 +52,9 @@ def _argmax_kernel(x_ptr, out_ptr, stride_x, V, CHUNK: tl.constexpr, PDL: tl.con
     tl.store(out_ptr + row, at.to(tl.int64))
 
 
-def argmax_rows(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def argmax_rows(
+    logits: torch.Tensor, out: torch.Tensor | None = None, pdl_cfg: PdlConfig = pdl.DEFAULT
+) -> torch.Tensor:
     """``logits.argmax(-1)`` (first maximum on ties) for ``logits [n, V]``, ``n <= MAX_ROWS``;
     into ``out`` (int64 ``[n]``, contiguous) when given."""
     n, vocab = logits.shape
@@ -67,7 +67,7 @@ def argmax_rows(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.
         return out
     chunk = CHUNK if logits.is_cuda else INTERPRET_CHUNK
     chunk = min(chunk, triton.next_power_of_2(vocab))
-    m = pdl.mode(logits, n)
+    m = pdl.mode(logits, n, pdl_cfg)
     _argmax_kernel[(n,)](
         logits,
         out,

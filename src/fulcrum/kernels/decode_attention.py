@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fulcrum.config import AttentionKernelConfig, PdlConfig
 from fulcrum.kernels import pdl
 from fulcrum.kernels.kv_dtype import (
     compute_dtype,
@@ -43,24 +44,26 @@ from fulcrum.kernels.kv_dtype import (
 )
 from fulcrum.kv_cache.dtype import is_fp8, v_rows, v_token_major
 
+# The reduce kernel's tile over splits: no launch splits a context more ways than this.
 MAX_SPLITS = 32
-# Up to this many requests (the latency-bound single-stream steps) a split program reads the
-# step's inputs -- its request's row, length and first blocks -- before waiting for the kernel
-# that writes q: those reads leave the step's critical path. Larger batches keep the loop that
-# was tuned for them. 0 turns it off. H200, batch 1 at a 1,000-token context (BENCHMARKS.md,
-# ninth session): graph replay 4.097 -> 4.076 ms (bf16), 3.426 -> 3.373 ms (FP8 weights + KV).
-PRE_WAIT_MAX_REQS = 4
-# There the split grid of a 16-bit cache (e.g. 32 splits x 8 kv heads at batch 1: 256 programs,
-# all resident at once at 4 per multiprocessor) also lets the reduce kernel launch before its
-# own wait (``pdl.mode(..., early=True)``), so the reduce's launch hides behind the splits:
-# replays back to back 4.074 -> 3.991 ms (the engine's ITL did not move: see BENCHMARKS.md).
-# An FP8 cache's deeper pipeline fits fewer programs per multiprocessor, and releasing early
-# measured slower there (3.390 -> 3.417 ms), so it keeps the plain launch.
-SPLIT_EARLY = True
-# A split takes at least this many tokens (rounded up to the tile), so a short context runs on
-# fewer, longer programs while a long one still spreads over every split: the split count stays
-# a function of the batch shape (graph-safe) and the context decides how many of them work.
-MIN_SPLIT_TOKENS = 0
+# The launch policy comes from ``KernelConfig.attention`` (``AttentionKernelConfig``):
+#   max_splits         the split count's cap (default_num_splits), at most MAX_SPLITS
+#   pre_wait_max_reqs  up to this many requests (the latency-bound single-stream steps) a split
+#                      program reads the step's inputs -- its request's row, length and first
+#                      blocks -- before waiting for the kernel that writes q: those reads leave
+#                      the step's critical path; larger batches keep the loop tuned for them.
+#                      Measured faster on an H200 at batch 1, bf16 and FP8 alike.
+#   split_early        there, the split grid of a 16-bit cache (e.g. 32 splits x 8 kv heads at
+#                      batch 1: 256 programs, all resident at once at 4 per multiprocessor) also
+#                      lets the reduce kernel launch before its own wait, so the reduce's launch
+#                      hides behind the splits. An FP8 cache's deeper pipeline fits fewer
+#                      programs per multiprocessor and measured slower releasing early, so it
+#                      keeps the plain launch.
+#   min_split_tokens   a split takes at least this many tokens (rounded up to the tile), so a
+#                      short context runs on fewer, longer programs while a long one still
+#                      spreads over every split: the split count stays a function of the batch
+#                      shape (graph-safe) and the context decides how many of them work.
+DEFAULT_CONFIG = AttentionKernelConfig()
 # How an FP8 cache's tiles meet the tensor cores on CUDA:
 #   "widen"  K/V widened to the query's dtype (bf16: e4m3 -> bf16 has no single instruction)
 #   "fp16"   K/V widened to fp16 (one instruction per pair; exact: every e4m3 value is an fp16
@@ -74,9 +77,8 @@ FP8_MODE = "fp16"
 # H200 every cap tried (96, 128) was slower: the spills cost more than the occupancy gained.
 GPU_CONFIG: dict[str, int] = {"block_n": 64, "num_warps": 2, "num_stages": 3}
 # An FP8 cache: tiles of half the bytes want a deeper pipeline (the block-table loads take a stage
-# of their own, so 6 stages keep two K/V tiles in flight). H200, contexts 1,000-2,000, longest
-# first: batch 384 414 us against 452 at (128, 4, 5); batch 64 69 against 88 us; 313 us at batch
-# 384 once V blocks became token-major (kv_cache.dtype).
+# of their own, so 6 stages keep two K/V tiles in flight); measured fastest on an H200 at batches
+# 64-384 over 1,000-2,000-token contexts.
 FP8_GPU_CONFIG: dict[str, int] = {"block_n": 64, "num_warps": 2, "num_stages": 6}
 INTERPRET_CONFIG: dict[str, int] = {"block_n": 16, "num_warps": 4, "num_stages": 1}
 
@@ -302,7 +304,9 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def default_num_splits(num_reqs: int, num_kv_heads: int, device: torch.device) -> int:
+def default_num_splits(
+    num_reqs: int, num_kv_heads: int, device: torch.device, max_splits: int = MAX_SPLITS
+) -> int:
     """Splits per (request, kv head): enough programs to cover every SM about twice.
 
     Measured on an H200 at Llama-8B shapes (8 kv heads): batch >= 64 runs fastest unsplit
@@ -315,7 +319,7 @@ def default_num_splits(num_reqs: int, num_kv_heads: int, device: torch.device) -
         return 2
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     want = math.ceil(2 * sms / max(1, num_reqs * num_kv_heads))
-    return max(1, min(MAX_SPLITS, triton.next_power_of_2(want)))
+    return max(1, min(max_splits, triton.next_power_of_2(want)))
 
 
 def decode_attention(
@@ -329,7 +333,9 @@ def decode_attention(
     num_splits: int | None = None,
     workspace: DecodeWorkspace | None = None,
     order: torch.Tensor | None = None,  # [num_reqs] int: a permutation, longest contexts first
-    min_split_tokens: int | None = None,  # None: MIN_SPLIT_TOKENS on CUDA, 0 elsewhere
+    min_split_tokens: int | None = None,  # None: cfg.min_split_tokens on CUDA, 0 elsewhere
+    cfg: AttentionKernelConfig = DEFAULT_CONFIG,
+    pdl_cfg: PdlConfig = pdl.DEFAULT,
 ) -> torch.Tensor:
     """Attention of each single-token request's query over its whole paged context.
 
@@ -347,22 +353,22 @@ def decode_attention(
     if query_start_loc is None:
         query_start_loc = torch.arange(num_reqs + 1, dtype=torch.int32, device=q.device)
     if num_splits is None:
-        num_splits = default_num_splits(num_reqs, num_kv_heads, q.device)
+        num_splits = default_num_splits(num_reqs, num_kv_heads, q.device, cfg.max_splits)
     assert 1 <= num_splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}]"
     workspace = workspace or DecodeWorkspace()
     part_out, part_lse = workspace.get(num_reqs, num_heads, num_splits, head_dim, q.device)
     group = num_heads // num_kv_heads
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    cfg = INTERPRET_CONFIG
+    tiles = INTERPRET_CONFIG
     if q.is_cuda:
-        cfg = FP8_GPU_CONFIG if is_fp8(kv_cache.dtype) else GPU_CONFIG
-    block_n = tile_tokens(cfg["block_n"], kv_cache)
+        tiles = FP8_GPU_CONFIG if is_fp8(kv_cache.dtype) else GPU_CONFIG
+    block_n = tile_tokens(tiles["block_n"], kv_cache)
     if min_split_tokens is None:
-        min_split_tokens = MIN_SPLIT_TOKENS if q.is_cuda else 0
+        min_split_tokens = cfg.min_split_tokens if q.is_cuda else 0
     min_split = -(-min_split_tokens // block_n) * block_n
-    small = num_splits > 1 and num_reqs <= PRE_WAIT_MAX_REQS
-    early = small and SPLIT_EARLY and not is_fp8(kv_cache.dtype)
-    m = pdl.mode(q, num_reqs * num_kv_heads * num_splits, early=early)
+    small = num_splits > 1 and num_reqs <= cfg.pre_wait_max_reqs
+    early = small and cfg.split_early and not is_fp8(kv_cache.dtype)
+    m = pdl.mode(q, num_reqs * num_kv_heads * num_splits, pdl_cfg, early=early)
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -404,14 +410,14 @@ def decode_attention(
         V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
         PRE_WAIT=small,
         PDL=m,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
-        maxnreg=cfg.get("maxnreg"),
+        num_warps=tiles["num_warps"],
+        num_stages=tiles["num_stages"],
+        maxnreg=tiles.get("maxnreg"),
         **pdl.launch_options(m),
     )
     if num_splits == 1:
         return out
-    m = pdl.mode(q, num_reqs * num_heads)
+    m = pdl.mode(q, num_reqs * num_heads, pdl_cfg)
     _decode_reduce_kernel[(num_reqs, num_heads)](
         out,
         part_out,

@@ -24,51 +24,42 @@ bf16, and the activations stay unquantized (the FP8 GEMM path quantizes them per
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 
 import torch
 import triton
 import triton.language as tl
 
+from fulcrum.config import PdlConfig
 from fulcrum.kernels import GEMV_MAX_M, pdl
 
-# Rows of x per call. Up to MAX_M rows the kernel runs; the model uses it up to USE_MAX_M rows
-# (``FULCRUM_GEMV_MAX_M``; 0 turns it off). Measured on an H200 (``benchmarks/gemv_bench.py``,
-# BENCHMARKS.md) at batch 1 it beats cuBLAS on every linear layer of the 8B model: bf16 by
-# 6-14% (qkv, o_proj, down, gate_up, lm_head), FP8 by 2-44% against the FP8 GEMM path.
+# Rows of x per call. Up to MAX_M rows the kernel runs; the model uses it up to
+# ``KernelConfig.gemv.max_m`` rows (0: never). Measured on an H200 (``benchmarks/gemv_bench.py``)
+# at batch 1 it beats cuBLAS on every linear layer of the 8B model, bf16 and FP8 alike.
+# Its epilogues (``gemv.fuse_silu``, ``gemv.fuse_rope``) take the next kernel's work into the
+# one-row projection: SiLU-and-mul into gate_up, rotary and the K/V cache write into qkv, so
+# those launches and their trips through memory drop out of the latency-bound step.
 MAX_M = GEMV_MAX_M
-USE_MAX_M = int(os.environ.get("FULCRUM_GEMV_MAX_M", "1"))
-# SiLU-and-mul in the gate_up GEMV's epilogue (``silu_gemv``): the activation's launch and its
-# trip through memory drop out. H200, batch 1 at a 1,000-token context (BENCHMARKS.md, eighth
-# session): step 4.156 -> 4.131 ms, ITL 4.19 -> 4.14 ms. ``FULCRUM_GEMV_SILU=0`` turns it off.
-FUSE_SILU = os.environ.get("FULCRUM_GEMV_SILU", "1") == "1"
-# Rotary and the K/V cache write in the qkv GEMV's epilogue (``rope_gemv``): the rotary
-# kernel's launch drops out of the one-row decode step. H200, batch 1 at a 1,000-token context
-# (BENCHMARKS.md, ninth session): graph replay bf16 4.056 -> 4.062 ms (no change), FP8 weights
-# + KV 3.498 -> 3.444 ms; ITL 4.076 -> 4.061 ms. ``FULCRUM_GEMV_ROPE=0`` turns it off.
-FUSE_ROPE = os.environ.get("FULCRUM_GEMV_ROPE", "1") == "1"
 # (block_n, block_k, num_warps) on CUDA by weight element size: "bf16" (bf16/fp16, tuned),
 # "fp8" (tuned), "fp32" (not tuned: half the bf16 tile, the same register bytes); the
-# interpreter's tiles. ``FULCRUM_GEMV_CONFIG="bf16=4,2048,4;fp8=4,1024,4"`` overrides them.
+# interpreter's tiles. ``KernelConfig.gemv.launch`` overrides entries of this table.
 GPU_CONFIG: dict[str, tuple[int, ...]] = {
     "bf16": (4, 2048, 4),
     # bf16 weights of at most SMALL_N rows and SMALL_K columns (the 8B's qkv and o_proj): one
-    # K tile, every load issued before the wait, 87 registers against 156 (5 programs per SM).
-    # gemv_bench.py --m 1, H200: qkv 15.42 -> 15.18 us, o_proj 11.55 -> 11.36 us.
+    # K tile, every load issued before the wait, 87 registers against 156 (5 programs per SM),
+    # measured faster on both.
     "bf16_small": (4, 4096, 4),
     "fp8": (4, 1024, 4),
     "fp32": (4, 1024, 4),
 }
-for _item in filter(None, os.environ.get("FULCRUM_GEMV_CONFIG", "").split(";")):
-    _kind, _, _vals = _item.partition("=")
-    GPU_CONFIG[_kind.strip()] = tuple(int(v) for v in _vals.split(","))
 SMALL_N, SMALL_K = 8192, 4096  # "bf16_small": measured on qkv and o_proj only
 INTERPRET_CONFIG = (4, 32, 1)
 
 
-def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a linear layer should run this kernel for ``x [M, K]`` (CUDA callers only)."""
-    return x.shape[0] <= min(USE_MAX_M, MAX_M) and weight.shape[1] == x.shape[1]
+def use_gemv(x: torch.Tensor, weight: torch.Tensor, max_m: int) -> bool:
+    """Whether a linear layer taking it up to ``max_m`` rows should run this kernel for
+    ``x [M, K]`` (CUDA callers only)."""
+    return x.shape[0] <= min(max_m, MAX_M) and weight.shape[1] == x.shape[1]
 
 
 @triton.jit
@@ -253,9 +244,11 @@ def gemv(
     bias: torch.Tensor | None = None,  # [N]
     config: tuple[int, int, int] | None = None,  # (block_n, block_k, num_warps); None: tuned
     scale: torch.Tensor | None = None,  # [N] fp32, one per weight row (an FP8 weight's)
+    pdl_cfg: PdlConfig = pdl.DEFAULT,
+    launch: Mapping[str, tuple[int, int, int]] | None = None,  # GPU_CONFIG entries replaced
 ) -> torch.Tensor:
     """``(x @ weight.T) * scale + bias`` for a few rows of ``x``, in ``x``'s dtype."""
-    return _launch(x, weight, bias, config, scale)
+    return _launch(x, weight, bias, config, scale, pdl_cfg, launch)
 
 
 def silu_gemv(
@@ -264,13 +257,15 @@ def silu_gemv(
     bias: torch.Tensor | None = None,  # [2N]
     config: tuple[int, int, int] | None = None,
     scale: torch.Tensor | None = None,  # [2N]
+    pdl_cfg: PdlConfig = pdl.DEFAULT,
+    launch: Mapping[str, tuple[int, int, int]] | None = None,
 ) -> torch.Tensor:
     """``silu_and_mul(gemv(x, weight, ...))`` -- ``[M, N]`` -- in one kernel: each program
     owns matching gate and up rows and applies the activation to its sums (rounded to x's
     dtype first, as the separate activation kernel sees them). No extra memory traffic."""
     if weight.shape[0] % 2:
         raise ValueError(f"silu_gemv: gate and up rows, got {weight.shape[0]} rows")
-    return _launch(x, weight, bias, config, scale, "silu")
+    return _launch(x, weight, bias, config, scale, pdl_cfg, launch, "silu")
 
 
 def rope_gemv(
@@ -285,6 +280,8 @@ def rope_gemv(
     bias: torch.Tensor | None = None,
     config: tuple[int, int, int] | None = None,
     scale: torch.Tensor | None = None,
+    pdl_cfg: PdlConfig = pdl.DEFAULT,
+    launch: Mapping[str, tuple[int, int, int]] | None = None,
 ) -> torch.Tensor:
     """The qkv projection, rotary on its q and k heads and its K/V rows written into the
     paged cache, in one kernel: ``gemv`` then ``kernels/rotary.apply_rotary(..., kv_write=...)``
@@ -315,10 +312,10 @@ def rope_gemv(
             V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
         ),
     )
-    return _launch(x, weight, bias, config, scale, "rope", rope)
+    return _launch(x, weight, bias, config, scale, pdl_cfg, launch, "rope", rope)
 
 
-def _launch(x, weight, bias, config, scale, epilogue=None, rope=None):
+def _launch(x, weight, bias, config, scale, pdl_cfg, launch, epilogue=None, rope=None):
     silu = epilogue == "silu"
     m, k = x.shape
     n, k_w = weight.shape
@@ -335,12 +332,15 @@ def _launch(x, weight, bias, config, scale, epilogue=None, rope=None):
         kind = {1: "fp8", 2: "bf16"}.get(weight.element_size(), "fp32")
         if kind == "bf16" and weight.shape[0] <= SMALL_N and k <= SMALL_K:
             kind = "bf16_small"
-        config = GPU_CONFIG[kind] if x.is_cuda else INTERPRET_CONFIG
+        if not x.is_cuda:
+            config = INTERPRET_CONFIG
+        else:  # an empty override table costs one truth test
+            config = (launch.get(kind) if launch else None) or GPU_CONFIG[kind]
     block_n, block_k, warps = config
     assert block_n >= 2 or epilogue is None
     block_k = min(block_k, triton.next_power_of_2(k))
     grid = (triton.cdiv(n, block_n // 2 if silu else block_n),)
-    mode = pdl.mode(x, grid[0], early=True)  # released before its wait: measured faster
+    mode = pdl.mode(x, grid[0], pdl_cfg, early=True)  # released before its wait: measured faster
     if scale is not None:
         assert scale.dtype == torch.float32 and scale.is_contiguous()
         assert scale.numel() == weight.shape[0]

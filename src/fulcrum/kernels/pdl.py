@@ -10,10 +10,10 @@ does not (waiting programs of the next kernel would hold multiprocessors its lat
 need), except the batch-1 GEMV and the small-batch decode split grid (resident at once),
 measured faster releasing early::
 
-    mode OFF    plain launch, no wait compiled in (CPU, interpreter, pre-Hopper, FULCRUM_PDL=0)
+    mode OFF    plain launch, no wait compiled in (CPU, interpreter, pre-Hopper, PDL disabled)
     mode WAIT   launch with PDL; wait first
     mode EARLY  launch with PDL; wait first, then let dependents launch
-    mode PRE    launch with PDL; let dependents launch, then wait (PRE_RELEASE: small grids,
+    mode PRE    launch with PDL; let dependents launch, then wait (``pre_release``: small grids,
                 and the batch-1 GEMV whatever its size, ``mode(..., early=True)``)
 
 Where a kernel releases its dependents never changes what they see: ``griddepcontrol.wait``
@@ -32,27 +32,27 @@ attention's request rows, lengths and block tables). A PDL kernel launches only 
 kernel before it has launched, and one without PDL (a copy, cuBLAS, torch) only after the work
 before it is done. Kernels outside fulcrum (cuBLAS, torch) keep their plain launches; a PDL
 kernel after one of them waits for it just the same.
+
+Whether and how to use PDL is the engine's ``KernelConfig.pdl`` (``PdlConfig``), passed to each
+kernel wrapper; a direct call without one takes ``DEFAULT``.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from fulcrum.config import PdlConfig
+
 OFF, WAIT, EARLY, PRE = 0, 1, 2, 3
-# Read at each launch: a CUDA graph keeps the launches it captured.
-ENABLED = os.environ.get("FULCRUM_PDL", "1") != "0"
-# Grids of up to this many SM counts release the next kernel early (benchmarks may raise it).
-EARLY_MAX_WAVES = 1
-# Grids released early let the next kernel launch before their wait (PRE) rather than after
-# it. Measured on an H200 (BENCHMARKS.md, eighth session): batch-1 step 4.156 -> 4.120 ms with
-# the GEMV's grids released early too; FULCRUM_PDL_PRE=0 turns it off.
-PRE_RELEASE = os.environ.get("FULCRUM_PDL_PRE", "1") == "1"
+# The policy of a launch whose caller passes none (tests, benchmarks calling a kernel directly).
+# Releasing before the wait (PRE) rather than after it measured faster on an H200 at batch 1,
+# with the GEMV's grids released early too.
+DEFAULT = PdlConfig()
 
 
 @functools.cache
@@ -61,18 +61,19 @@ def _device(index: int) -> tuple[bool, int]:
     return props.major >= 9, props.multi_processor_count
 
 
-def mode(t: torch.Tensor, programs: int, early: bool = False) -> int:
-    """The PDL mode of a launch of ``programs`` programs on ``t``'s device; ``early``: release
-    the next kernel early whatever the grid's size (the batch-1 GEMV: every program of a grid
-    has started once it releases, and a GEMV's tail is where the next kernel's launch hides)."""
-    if not (ENABLED and t.is_cuda):
+def mode(t: torch.Tensor, programs: int, cfg: PdlConfig = DEFAULT, early: bool = False) -> int:
+    """The PDL mode of a launch of ``programs`` programs on ``t``'s device under ``cfg``;
+    ``early``: release the next kernel early whatever the grid's size (the batch-1 GEMV: every
+    program of a grid has started once it releases, and a GEMV's tail is where the next
+    kernel's launch hides)."""
+    if not (cfg.enabled and t.is_cuda):
         return OFF
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     hopper, sms = _device(index)
     if not hopper:
         return OFF
-    if early or programs <= sms * EARLY_MAX_WAVES:
-        return PRE if PRE_RELEASE else EARLY
+    if early or programs <= sms * cfg.early_max_waves:
+        return PRE if cfg.pre_release else EARLY
     return WAIT
 
 

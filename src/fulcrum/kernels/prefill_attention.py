@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
 from fulcrum.kernels.kv_dtype import (
     compute_dtype,
@@ -52,15 +53,14 @@ GPU_SMALL_SMEM_CONFIG: dict[str, int] = {
     "num_stages": 2,
 }
 # An FP8 cache: its V tile is token-major, loaded through a second, page-level block-table
-# lookup that takes a pipeline stage of its own, so it wants more stages than bf16. H200
-# (kernels_bench.py --prefill 1024 8192 --prefill-configs ...): 8k-token prompt 2,875 us at
-# (128, 128, 8, 3), 2,613 at (128, 128, 8, 5), 2,535 here; 1k-token prompt 259 us.
+# lookup that takes a pipeline stage of its own, so it wants more stages than bf16; these
+# smaller, deeper tiles measured fastest on an H200 (``kernels_bench.py --prefill-configs``).
 FP8_GPU_CONFIG: dict[str, int] = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 5}
 INTERPRET_CONFIG: dict[str, int] = {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
 _LARGE_SMEM_BYTES = 220 * 1024
 # An FP8 cache on CUDA: K/V tiles widened to fp16 (one instruction per pair, exact for every e4m3
-# value; e4m3 -> bf16 has no such instruction) with the query clamped into fp16's range: 8k-token
-# prompt on an H200 2.40 -> 2.16 ms. False widens to the query's dtype, as the interpreter does.
+# value; e4m3 -> bf16 has no such instruction) with the query clamped into fp16's range: measured
+# faster on an H200. False widens to the query's dtype, as the interpreter does.
 FP8_TO_FP16 = True
 
 
@@ -214,6 +214,7 @@ def prefill_attention(
     out: torch.Tensor | None = None,
     skip_decode: bool = False,
     work: torch.Tensor | None = None,
+    pdl_cfg: PdlConfig = pdl.DEFAULT,
 ) -> torch.Tensor:
     """Causal attention of each request's new chunk over its cached prefix plus the chunk.
 
@@ -242,7 +243,7 @@ def prefill_attention(
     # Never EARLY: the mode is a compile-time constant, and a grid that crosses the SM count
     # with the prompt's length would compile a second variant at the first long prompt; the
     # kernel after this one is a cuBLAS GEMM, which an early release would not start anyway.
-    m = min(pdl.mode(q, grid[0] * grid[1]), pdl.WAIT)
+    m = min(pdl.mode(q, grid[0] * grid[1], pdl_cfg), pdl.WAIT)
     _prefill_kernel[grid](
         q,
         k_cache,

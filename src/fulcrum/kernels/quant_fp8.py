@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
 from fulcrum.kv_cache.dtype import FP8_DTYPE as FP8
 from fulcrum.kv_cache.dtype import FP8_MAX
@@ -31,7 +32,9 @@ def _per_token_quant_kernel(
     tl.store(s_ptr + row, scale)
 
 
-def per_token_quant_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_quant_fp8(
+    x: torch.Tensor, pdl_cfg: PdlConfig = pdl.DEFAULT
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [T, K]`` -> ``(q [T, K] float8_e4m3fn, scale [T, 1] float32)``."""
     assert x.dim() == 2 and x.stride(-1) == 1
     t, k = x.shape
@@ -39,7 +42,7 @@ def per_token_quant_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = torch.empty((t, 1), dtype=torch.float32, device=x.device)
     if t:
         block = triton.next_power_of_2(k)
-        m = pdl.mode(x, t)
+        m = pdl.mode(x, t, pdl_cfg)
         _per_token_quant_kernel[(t,)](
             x, q, s, x.stride(0), q.stride(0), k, BLOCK=block, PDL=m,
             num_warps=max(1, min(16, block // 1024)), **pdl.launch_options(m),

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
 from fulcrum.kv_cache.dtype import is_fp8, v_token_major, write_rows, write_v_rows
 
@@ -125,6 +126,7 @@ def reshape_and_cache(
     v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64 (or int32); -1 = skip
+    pdl_cfg: PdlConfig = pdl.DEFAULT,
 ) -> None:
     """Write ``k``/``v`` into ``kv_cache`` at ``slot_mapping`` (in place; slots < 0 skipped)."""
     num_tokens = k.shape[0]
@@ -132,7 +134,7 @@ def reshape_and_cache(
         return
     assert slot_mapping.shape[0] >= num_tokens
     strides, consts = cache_args(k, v, kv_cache)
-    m = pdl.mode(k, num_tokens)
+    m = pdl.mode(k, num_tokens, pdl_cfg)
     _reshape_and_cache_kernel[(num_tokens,)](
         k,
         v,

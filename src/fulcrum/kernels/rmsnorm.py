@@ -15,13 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
+from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
 
-# The weight is read before the PDL wait: no kernel writes it, and read after the reduction it
-# would be one more memory round trip on a one-row step's critical path (``kernels/pdl.py``).
-# H200, batch 1 at a 1,000-token context: the step's graph 4.008 -> 3.972 ms (BENCHMARKS.md,
-# tenth session; ``decode_ab.py`` setting "gemv+pdl normweightlate").
-WEIGHT_FIRST = True
+# ``weight_first`` (``KernelConfig.rmsnorm_weight_first``): the weight is read before the PDL
+# wait. No kernel writes it, and read after the reduction it would be one more memory round trip
+# on a one-row step's critical path (``kernels/pdl.py``); measured faster on an H200 at batch 1.
 
 
 @triton.jit
@@ -62,7 +61,12 @@ def _rms_norm_kernel(
 
 
 def _launch(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    pdl_cfg: PdlConfig,
+    weight_first: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     n = x.shape[-1]
     flat = x.dim() == 2  # the model's [tokens, hidden]: no reshapes (each costs host time)
@@ -79,7 +83,7 @@ def _launch(
     rows = x2.shape[0]
     if rows > 0:
         block = triton.next_power_of_2(n)
-        m = pdl.mode(x, rows)
+        m = pdl.mode(x, rows, pdl_cfg)
         _rms_norm_kernel[(rows,)](
             x2,
             res2 if res2 is not None else x2,
@@ -94,7 +98,7 @@ def _launch(
             N=n,
             BLOCK=block,
             HAS_RESIDUAL=residual is not None,
-            WEIGHT_FIRST=WEIGHT_FIRST,
+            WEIGHT_FIRST=weight_first,
             PDL=m,
             num_warps=min(16, max(1, block // 512)),
             **pdl.launch_options(m),
@@ -104,19 +108,30 @@ def _launch(
     return out.view(x.shape), (new_res.view(x.shape) if new_res is not None else None)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    pdl_cfg: PdlConfig = pdl.DEFAULT,
+    weight_first: bool = True,
+) -> torch.Tensor:
     """RMSNorm over the last dim of ``x`` (any leading shape); output in ``x.dtype``."""
     assert weight.is_contiguous() and weight.shape == (x.shape[-1],)
-    return _launch(x, None, weight, eps)[0]
+    return _launch(x, None, weight, eps, pdl_cfg, weight_first)[0]
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    pdl_cfg: PdlConfig = pdl.DEFAULT,
+    weight_first: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``new_residual = x + residual``; returns ``(rms_norm(new_residual) * weight, new_residual)``."""
     assert weight.is_contiguous() and weight.shape == (x.shape[-1],)
     assert residual.shape == x.shape
-    out, new_res = _launch(x, residual, weight, eps)
+    out, new_res = _launch(x, residual, weight, eps, pdl_cfg, weight_first)
     assert new_res is not None
     return out, new_res
 

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
 from fulcrum.kernels.reshape_and_cache import cache_args, store_kv_row
 
@@ -106,6 +107,7 @@ def apply_rotary(
     positions: torch.Tensor,  # [num_tokens] int64
     cos_sin_cache: torch.Tensor,  # [max_position, rotary_dim] float32: [cos | sin]
     kv_write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    pdl_cfg: PdlConfig = pdl.DEFAULT,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate ``q`` and ``k`` in place by their tokens' positions; returns ``(q, k)``.
 
@@ -131,7 +133,7 @@ def apply_rotary(
         strides = strides[2:]  # k's own strides are passed above
         del consts["NUM_KV_HEADS"], consts["BLOCK_H"]
         k_cache, v_cache = cache[0], cache[1]
-    m = pdl.mode(q, num_tokens)
+    m = pdl.mode(q, num_tokens, pdl_cfg)
     _rotary_kernel[(num_tokens,)](
         q,
         k,

@@ -2,8 +2,8 @@
 
 The general sampler (``worker/sampler.py``) filters a row by sorting it: temperature, a sort of
 the whole vocabulary, softmax, cumulative sum, scatter back, softmax again, exponential noise and
-an argmax, each its own kernel. On an H200 a batch-1 decode step with temperature 0.8 and top-p
-0.95 took 4.28 ms against 3.95 greedy: the sampler cost 8% of the step.
+an argmax, each its own kernel: at batch 1 on an H200 that costs a sampled step about a
+twelfth of its time over a greedy one.
 
 Every filter here keeps the tokens above some threshold, so the kept set is decided token by
 token from a few sums over the row, and the draw is exact by rejection (as FlashInfer's

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
+from fulcrum.config import KernelConfig
+from fulcrum.kernels.dispatch import DEFAULT, Configured, set_kernel_config
 from fulcrum.model.layers.activation import silu_and_mul
 from fulcrum.model.layers.linear import Linear, RopeKV, norm_linear, norm_linear_rope
 from fulcrum.model.layers.norm import RMSNorm
@@ -59,7 +61,7 @@ class ModelArgs:
         )
 
 
-class Attention(nn.Module):
+class Attention(Configured, nn.Module):
     def __init__(
         self,
         a: ModelArgs,
@@ -90,8 +92,8 @@ class Attention(nn.Module):
                 positions, getattr(self.rope, "cos_sin_cache", None), kv_cache, slot_mapping,
                 a.num_heads, a.num_kv_heads, a.head_dim,
             )  # fmt: skip
-            fused = norm_linear_rope(norm, self.qkv_proj, x, residual, rope)
-        qkv, residual = fused or norm_linear(norm, self.qkv_proj, x, residual)
+            fused = norm_linear_rope(norm, self.qkv_proj, x, residual, rope, self.kernel_config)
+        qkv, residual = fused or norm_linear(norm, self.qkv_proj, x, residual, self.kernel_config)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, a.num_heads, a.head_dim)
         k = k.view(-1, a.num_kv_heads, a.head_dim)
@@ -107,17 +109,17 @@ class Attention(nn.Module):
         return self.backend.attend(q, k, v, kv_cache, meta).reshape(-1, self.q_size)
 
 
-class MLP(nn.Module):
+class MLP(Configured, nn.Module):
     def __init__(self, a: ModelArgs, quant: QuantMethod | None = None) -> None:
         super().__init__()
         self.gate_up_proj = _linear(a.hidden_size, 2 * a.intermediate_size, False, quant)
         self.down_proj = _linear(a.intermediate_size, a.hidden_size, False, quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.kernel_config))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(Configured, nn.Module):
     def __init__(
         self,
         a: ModelArgs,
@@ -152,6 +154,7 @@ class DecoderLayer(nn.Module):
             self.mlp.gate_up_proj,
             self.self_attn.o_proj(o),
             residual,
+            self.kernel_config,
             silu=True,
         )
         return self.mlp.down_proj(act), residual
@@ -198,7 +201,8 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """``quant``: the method whose linear layers the decoder's projections use (None: the
-    model's dtype); embeddings, norms and the LM head stay unquantized."""
+    model's dtype); embeddings, norms and the LM head stay unquantized. ``kernel_config``: the
+    engine's kernel switches, handed to every layer and to the attention backend."""
 
     def __init__(
         self,
@@ -206,13 +210,23 @@ class LlamaForCausalLM(nn.Module):
         max_position: int,
         backend: AttentionBackend,
         quant: QuantMethod | None = None,
+        kernel_config: KernelConfig = DEFAULT,
     ) -> None:
         super().__init__()
         self.args = ModelArgs.from_hf(hf_config, max_position)
+        self.backend = backend
         self.model = LlamaModel(self.args, hf_config, backend, quant)
         self.lm_head = Linear(self.args.hidden_size, self.args.vocab_size, bias=False)
         if self.args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.set_kernel_config(kernel_config)
+
+    def set_kernel_config(self, kc: KernelConfig) -> None:
+        """Every layer and the attention backend take ``kc`` from their next call on (a
+        captured CUDA graph keeps the launches it captured)."""
+        self.kernel_config = kc
+        self.backend.kernel_config = kc
+        set_kernel_config(self, kc)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         """``input_ids``/``positions``: [num_tokens]; returns hidden states [num_tokens, hidden]."""

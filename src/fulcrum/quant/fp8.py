@@ -16,8 +16,8 @@ on the fly (the weights stay FP8 in memory; slow, for tests and small models).
 A one-row call on CUDA (a batch-1 decode step) runs the Triton GEMV instead
 (``kernels/gemv.py``: the e4m3 rows widened in registers, the row scale applied to the sum, the
 activations not quantized): an FP8 GEMM pads the row to a tensor-core tile and needs a
-quantization launch, where the GEMV only streams the weight (an 8B step 4.70 → 3.53 ms on an
-H200, BENCHMARKS.md).
+quantization launch, where the GEMV only streams the weight (measured faster for an 8B model's
+batch-1 step on an H200).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from fulcrum.kernels import GEMV_MAX_M
-from fulcrum.kernels.dispatch import use_triton
+from fulcrum.kernels.dispatch import Configured, use_triton
 from fulcrum.kernels.quant_fp8 import FP8, per_token_quant_fp8_ref
 from fulcrum.quant.base import QuantMethod, register_quant_method
 
@@ -38,7 +38,7 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, s[:, 0]
 
 
-class Fp8Linear(nn.Module):
+class Fp8Linear(Configured, nn.Module):
     """``nn.Linear`` with an e4m3 weight and per-row scales; activations quantized per token."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
@@ -83,14 +83,18 @@ class Fp8Linear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
-        if use_triton(x2):
+        kc = self.kernel_config
+        if use_triton(x2, kc):
             from fulcrum.kernels import gemv
             from fulcrum.kernels.quant_fp8 import per_token_quant_fp8
 
-            if x2.shape[0] <= GEMV_MAX_M and gemv.use_gemv(x2, self.weight):
-                y = gemv.gemv(x2, self.weight, self.bias, scale=self.weight_scale.view(-1))
+            if x2.shape[0] <= GEMV_MAX_M and gemv.use_gemv(x2, self.weight, kc.gemv.max_m):
+                scale = self.weight_scale.view(-1)
+                y = gemv.gemv(
+                    x2, self.weight, self.bias, scale=scale, pdl_cfg=kc.pdl, launch=kc.gemv.launch
+                )
                 return y.view(*x.shape[:-1], self.out_features)
-            q, s = per_token_quant_fp8(x2)
+            q, s = per_token_quant_fp8(x2, kc.pdl)
         else:
             q, s = per_token_quant_fp8_ref(x2)
             if not x2.is_cuda:

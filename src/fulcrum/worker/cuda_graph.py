@@ -19,7 +19,7 @@ one shared pool::
     rows:  0 .. n-1 real requests | n .. b-1 padding: id 0, position 0, slot -1 (KV not
            written), seq_len 0 (the decode kernel reads no KV and writes zeros)
 
-The patch is the graph's first kernel (``PATCH_IN_GRAPH``): rows ``patch[0, i] >= 0`` take
+The patch is the graph's first kernel (``graph_patch``): rows ``patch[0, i] >= 0`` take
 ``sampled[patch[1, i]]``, the ids the previous replay wrote; the rest are off (-1). When the
 previous step's tokens came from elsewhere (the sampler, an eager step), the runner fills them
 before the replay and stages every row off.
@@ -27,13 +27,12 @@ before the replay and stages every row off.
 Graphs are captured largest first so the smaller ones reuse the pool's memory, after one eager
 step at the largest bucket (it grows the decode kernel's split-KV scratch once, outside any
 graph). Triton's variants are compiled before the loop, by compile-ahead's dry run
-(``CAPTURE_WARMUP``).
+(``capture_warmup``). Both switches are the engine's ``KernelConfig`` fields.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 
@@ -41,23 +40,13 @@ import numpy as np
 import torch
 
 from fulcrum.attention.backend import AttentionMetadata
+from fulcrum.config import KernelConfig
 from fulcrum.worker.host_staging import pinned
 from fulcrum.worker.precompile import compile_ahead
 
 logger = logging.getLogger(__name__)
 
 MAX_CAPTURE_SIZE = 512
-# The sampled-id patch inside each graph rather than a launch between replays: on an H200 a
-# kernel launched between two replays measurably slows the next replay (an H2D copy there does
-# not), which shows in single-stream ITL. ``FULCRUM_GRAPH_PATCH=0`` turns it off.
-PATCH_IN_GRAPH = os.environ.get("FULCRUM_GRAPH_PATCH", "1") == "1"
-
-# The eager warm-up step before each bucket's capture, so that no Triton variant compiles
-# inside a capture. Where compile-ahead's dry run ran, it is skipped unless
-# ``FULCRUM_CAPTURE_WARMUP=1``: a variant the dry run missed compiles in the capture itself,
-# and the start-up log counts those (none on an H200 at Llama-8B shapes), while a warm-up per
-# bucket is a visible share of a cold start.
-CAPTURE_WARMUP = os.environ.get("FULCRUM_CAPTURE_WARMUP", "0") == "1"
 
 # forward(input_ids, positions, meta, out=None) -> (logits [num_tokens, vocab], greedy ids
 # [num_tokens], written into ``out`` when given)
@@ -124,8 +113,10 @@ class DecodeGraphs:
         max_seq_len: int,
         device: torch.device,
         emulate: bool = False,
+        kernel_config: KernelConfig | None = None,
     ) -> None:
         self.forward = forward
+        self.kernel_config = kernel_config if kernel_config is not None else KernelConfig()
         self.sizes = sorted(sizes)
         self.max_batch = self.sizes[-1]
         self.max_blocks = max_blocks
@@ -142,7 +133,10 @@ class DecodeGraphs:
         self.patch = self._dev[3 * b : 5 * b].view(2, b)
         self.seq_lens = self._dev[5 * b :].view(torch.int32)[:b]
         self.block_tables = torch.zeros(b, max_blocks, dtype=torch.int32, device=dev)
-        self.patch_in_graph = PATCH_IN_GRAPH
+        # The sampled-id patch inside each graph rather than a launch between replays: measured
+        # faster on an H200, where a kernel launched between two replays slows the next replay
+        # (an H2D copy there does not).
+        self.patch_in_graph = self.kernel_config.graph_patch
         self.sampled = torch.zeros(b, dtype=torch.int64, device=dev)
         self.query_start_loc = torch.arange(b + 1, dtype=torch.int32, device=dev)
         # Host side: pinned staging of the same layout, filled through numpy views.
@@ -241,7 +235,10 @@ class DecodeGraphs:
         """Capture every bucket, largest first; returns the seconds it took."""
         t0 = time.perf_counter()
         self._fill_padding()
-        ahead = None if self.emulate else compile_ahead(self._warm_up, "decode-graph capture")
+        kc = self.kernel_config
+        ahead = None
+        if not self.emulate:
+            ahead = compile_ahead(self._warm_up, "decode-graph capture", kc.compile_ahead)
         self._run_static(self.max_batch)  # eager step at the largest batch: scratch grows now
         if self.emulate:
             for b in reversed(self.sizes):
@@ -250,7 +247,11 @@ class DecodeGraphs:
         else:
             torch.cuda.synchronize(self.device)
             self.pool = torch.cuda.graph_pool_handle()
-            warm = CAPTURE_WARMUP or ahead is None
+            # The eager warm-up step before each bucket's capture keeps Triton compiles out of the
+            # capture. Where compile-ahead's dry run ran it is skipped unless capture_warmup: a
+            # variant the dry run missed compiles in the capture itself, and the start-up log
+            # counts those (none on the H200 at Llama-8B shapes).
+            warm = kc.capture_warmup or ahead is None
             with _CompileCounter() as compiled:
                 for b in reversed(self.sizes):
                     if warm:

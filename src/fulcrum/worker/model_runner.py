@@ -20,12 +20,14 @@ is ``worker/startup.py``; it calls ``allocate_kv_cache`` and fills ``graphs``/``
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 from fulcrum.attention.backend import AttentionMetadata
 from fulcrum.attention.selector import get_backend_cls
-from fulcrum.config import EngineConfig
+from fulcrum.config import EngineConfig, KernelConfig
 from fulcrum.kernels.dispatch import use_triton
 from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
 from fulcrum.model.loader.weights import load_model
@@ -47,12 +49,15 @@ class ModelRunner:
         self.kv_dtype = resolve_kv_cache_dtype(config.cache_config.cache_dtype, mc.dtype)
         self.block_size = config.cache_config.block_size
         num_heads = mc.hf_config.num_attention_heads
+        self.kernel_config = kc = config.kernel_config
         backend_cls = get_backend_cls(config.attention_backend, self.device)
-        self.attn_backend = backend_cls(num_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim**-0.5)
+        self.attn_backend = backend_cls(
+            num_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim**-0.5, kernel_config=kc
+        )
         torch.manual_seed(mc.seed)
-        self.model, self.load_time = load_model(mc, self.attn_backend, self.device)
+        self.model, self.load_time = load_model(mc, self.attn_backend, self.device, kc)
         self.vocab_size = mc.vocab_size
-        self.sampling = StepSampler(self.device, self.vocab_size)
+        self.sampling = StepSampler(self.device, self.vocab_size, kc)
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         sc = config.scheduler_config
@@ -70,6 +75,19 @@ class ModelRunner:
         self._graph_ids: torch.Tensor | None = None  # greedy ids of the last graph replay
         self._prev_rows: dict[str, int] = {}
         self.timings: dict[str, float] = {"weights_s": self.load_time}
+
+    def set_kernel_config(self, kc: KernelConfig) -> None:
+        """Switch the kernels' settings of the loaded model: the layers, the attention backend,
+        the sampler and the decode graphs' next capture take ``kc`` from their next call on.
+        Graphs captured already keep the launches they captured (a benchmark that compares
+        settings captures one graph per setting)."""
+        self.kernel_config = kc
+        self.config = dataclasses.replace(self.config, kernel_config=kc)
+        self.model.set_kernel_config(kc)
+        self.attn_backend.kernel_config = kc
+        self.sampling.kernel_config = kc
+        if self.graphs is not None:
+            self.graphs.kernel_config = kc
 
     # -- KV cache -----------------------------------------------------------------------------
 
@@ -103,7 +121,7 @@ class ModelRunner:
         """``ids[rows[0]] = previous step's sampled[rows[1]]`` for device ``rows [2, k]``: one
         launch on CUDA (``kernels/scatter.py``), a gather and a scatter elsewhere."""
         assert self._prev_sampled is not None
-        if use_triton(ids):
+        if use_triton(ids, self.kernel_config):
             from fulcrum.kernels.scatter import gather_scatter
 
             gather_scatter(ids, rows, self._prev_sampled)

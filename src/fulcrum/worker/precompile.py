@@ -14,8 +14,8 @@ Only use it on passes whose Python does not depend on tensor values (no host syn
 computed by a Triton kernel): the dry pass's tensors hold garbage. Any error in the dry pass is
 logged and ignored -- the real pass then compiles as it always did. The price, paid even when
 the cache is warm, is the dry pass's torch work: one profiling forward and a decode step per
-dry-run bucket (``DecodeGraphs._warm_up`` runs 14 of the 43). ``FULCRUM_COMPILE_AHEAD=0``
-turns it off.
+dry-run bucket (``DecodeGraphs._warm_up`` runs 14 of the 43). ``KernelConfig.compile_ahead``
+turns it off (callers pass it as ``enabled``).
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-ENABLED = os.environ.get("FULCRUM_COMPILE_AHEAD", "1") == "1"
 MAX_WORKERS = 16
 
 
-def compile_ahead(fn: Callable[[], object], what: str) -> int | None:
+def compile_ahead(fn: Callable[[], object], what: str, enabled: bool = True) -> int | None:
     """Compile the Triton variants ``fn`` launches, in parallel, without running them; returns
-    how many were compiled (None: not attempted, or failed and skipped)."""
+    how many were compiled (None: not attempted -- ``enabled`` off, no CUDA, one CPU -- or
+    failed and skipped)."""
     workers = min(MAX_WORKERS, os.cpu_count() or 1)
-    if not ENABLED or workers < 2 or not torch.cuda.is_available():
+    if not enabled or workers < 2 or not torch.cuda.is_available():
         return None
     try:
         import triton

@@ -19,20 +19,17 @@ host → device, so nothing inside ``Sampler.forward`` waits for the device.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from fulcrum.kernels.dispatch import use_triton
+from fulcrum.config import KernelConfig
+from fulcrum.kernels.dispatch import DEFAULT, use_triton
 from fulcrum.protocol import WireSamplingParams
 from fulcrum.sampling_params import SamplingParams
 
 _PAD = -1  # placeholder in padded token-id tensors; remapped to an extra vocab column
-# The sort-free sampler (``kernels/sample.py``) on CUDA; ``FULCRUM_FUSED_SAMPLER=0`` keeps every
-# batch on the sorting sampler. Read when a request is admitted.
-FUSED_ENABLED = os.environ.get("FULCRUM_FUSED_SAMPLER", "1") == "1"
 
 
 def _to_device(data: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -63,17 +60,20 @@ def _token_counts(
     return counts[:, :vocab_size]
 
 
-def greedy_argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def greedy_argmax(
+    logits: torch.Tensor, out: torch.Tensor | None = None, kc: KernelConfig = DEFAULT
+) -> torch.Tensor:
     """Row-wise argmax (first maximum on ties), into ``out`` (int64 ``[n]``) when given. A few
-    rows on CUDA: one Triton launch (``kernels/argmax.py``). Elsewhere, in two stages for small
-    batches: a one-row reduction over a 128k vocabulary runs on a single block, so split each
-    row into chunks, reduce the chunks in parallel, then pick among the chunk maxima."""
+    rows on CUDA: one Triton launch (``kernels/argmax.py``, when ``kc.argmax_kernel``).
+    Elsewhere, in two stages for small batches: a one-row reduction over a 128k vocabulary runs
+    on a single block, so split each row into chunks, reduce the chunks in parallel, then pick
+    among the chunk maxima."""
     n, vocab = logits.shape
-    if use_triton(logits):
+    if kc.argmax_kernel and use_triton(logits, kc):
         from fulcrum.kernels import argmax
 
-        if argmax.ENABLED and n <= argmax.MAX_ROWS and logits.stride(-1) == 1:
-            return argmax.argmax_rows(logits, out)
+        if n <= argmax.MAX_ROWS and logits.stride(-1) == 1:
+            return argmax.argmax_rows(logits, out, kc.pdl)
     chunks = next((c for c in (64, 48, 32, 16) if vocab % c == 0), 0)
     if n >= 32 or not chunks:
         ids = logits.argmax(dim=-1)
@@ -102,10 +102,10 @@ def plain_greedy(p: WireSamplingParams) -> bool:
 
 
 def fused_sampling(p: WireSamplingParams) -> bool:
-    """Whether ``kernels/sample.py`` draws this row's token by itself: temperature, top-p or
+    """Whether ``kernels/sample.py`` can draw this row's token by itself: temperature, top-p or
     top-k (not both: top-p over the top-k set needs its mass) and min-p, seeded or not, with
-    nothing but the draw."""
-    return FUSED_ENABLED and _draw_only(p) and not (p.top_k > 0 and p.top_p < 1.0)
+    nothing but the draw. (Whether it does is the step's ``KernelConfig.fused_sampler``.)"""
+    return _draw_only(p) and not (p.top_k > 0 and p.top_p < 1.0)
 
 
 def sample_fused(

@@ -67,7 +67,11 @@ def determine_num_blocks(runner: ModelRunner) -> int:
 def _profile_cuda_blocks(runner: ModelRunner) -> int:
     """Run a maximal batch without a KV pool, then give the pool what utilisation allows."""
     n = runner.config.scheduler_config.max_num_batched_tokens
-    compile_ahead(lambda: compile_pass(runner, n), "KV profiling and decode-graph capture")
+    compile_ahead(
+        lambda: compile_pass(runner, n),
+        "KV profiling and decode-graph capture",
+        runner.kernel_config.compile_ahead,
+    )
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(runner.device)
     dummy_forward(runner, n)
@@ -95,7 +99,7 @@ def compile_pass(runner: ModelRunner, num_tokens: int) -> None:
     forward = functools.partial(decode_logits, runner, kv_caches=_scratch_cache(runner))
     sizes = capture_sizes(runner.config.scheduler_config.max_num_seqs)
     args = (runner.max_blocks, runner.block_size, runner.max_model_len, runner.device)
-    DecodeGraphs(forward, sizes, *args).dry_run()
+    DecodeGraphs(forward, sizes, *args, kernel_config=runner.kernel_config).dry_run()
 
 
 def _scratch_cache(runner: ModelRunner) -> list[torch.Tensor]:
@@ -154,7 +158,7 @@ def decode_logits(
     """The decode graphs' forward: logits and their greedy ids."""
     caches = runner.kv_caches if kv_caches is None else kv_caches
     logits = runner.model.compute_logits(runner.model(input_ids, positions, caches, meta))
-    return logits, greedy_argmax(logits, out)
+    return logits, greedy_argmax(logits, out, runner.kernel_config)
 
 
 def capture_graphs(runner: ModelRunner, emulate: bool = False) -> None:
@@ -173,12 +177,14 @@ def capture_graphs(runner: ModelRunner, emulate: bool = False) -> None:
         runner.max_model_len,
         runner.device,
         emulate=emulate,
+        kernel_config=runner.kernel_config,
     )
     # the sampler runs after each replay: compiled now too (found compiled when KV profiling
     # ran; the LM head of a zero row gives logits of the serving dtype and width)
     hidden = torch.zeros(1, runner.config.model_config.hf_config.hidden_size, device=runner.device)
     logits = runner.model.compute_logits(hidden.to(runner.dtype))
-    compile_ahead(functools.partial(runner.sampling.warm, logits), "the sampler")
+    warm = functools.partial(runner.sampling.warm, logits)
+    compile_ahead(warm, "the sampler", runner.kernel_config.compile_ahead)
     runner.sampling.warm(logits)
     note = lambda: (  # noqa: E731
         f" (eager warm-ups {graphs.warmup_time:.2f} s; {graphs.compiled_in_loop} Triton "

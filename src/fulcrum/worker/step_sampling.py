@@ -2,7 +2,8 @@
 
     logits ─► every row plain greedy: argmax (the decode graph's own, when it ran one)
            ─► every row served by the sort-free kernels (``sampler.fused_sampling``: no
-              penalties, logprobs or min_tokens; not top-k with top-p): ``sample_fused``
+              penalties, logprobs or min_tokens; not top-k with top-p), on CUDA, where
+              ``KernelConfig.fused_sampler`` is on: ``sample_fused``
            ─► otherwise: the sorting ``Sampler`` (penalties, filters, seeds, logprobs)
            ─► asynchronous device → host copy of the ids (plus logprobs when asked)
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fulcrum.config import KernelConfig
 from fulcrum.kernels.dispatch import use_triton
 from fulcrum.protocol import Logprobs, WireSamplingParams
 from fulcrum.worker.input_batch import ReqState
@@ -35,9 +37,10 @@ class StepHandle:
 class StepSampler:
     """Picks the sampler for a step's rows, launches it, and collects what it sampled."""
 
-    def __init__(self, device: torch.device, vocab_size: int) -> None:
+    def __init__(self, device: torch.device, vocab_size: int, kernel_config: KernelConfig) -> None:
         self.device = device
         self.vocab_size = vocab_size
+        self.kernel_config = kernel_config
         self.sampler = Sampler()
 
     def sample(
@@ -52,9 +55,10 @@ class StepSampler:
         if logits is None:  # prefill chunks only
             return StepHandle(torch.empty(0, dtype=torch.int64), None, []), None
         extra: list[torch.Tensor] = []
+        kc = self.kernel_config
         if all(st.plain_greedy for st in states):
-            sampled = greedy if greedy is not None else greedy_argmax(logits)
-        elif use_triton(logits) and all(st.fused_sample for st in states):
+            sampled = greedy if greedy is not None else greedy_argmax(logits, None, kc)
+        elif kc.fused_sampler and use_triton(logits, kc) and all(st.fused_sample for st in states):
             params = [st.params for st in states]
             sampled = sample_fused(logits, params, [st.index for st in states], positions)
         else:
@@ -78,7 +82,7 @@ class StepSampler:
     def warm(self, logits: torch.Tensor) -> None:
         """Launch the sort-free sampler on ``logits``, so that its kernels compile at start-up
         rather than at the first sampled request."""
-        if use_triton(logits):
+        if self.kernel_config.fused_sampler and use_triton(logits, self.kernel_config):
             n = len(logits)
             sample_fused(logits, [WireSamplingParams(top_p=0.9)] * n, [0] * n, [0] * n)
 

@@ -7,6 +7,7 @@ import logging
 import os
 from typing import Any
 
+from fulcrum import envs
 from fulcrum.engine.arg_utils import EngineArgs
 from fulcrum.entrypoints.openai.limits import MAX_LOGPROBS, MAX_N
 
@@ -188,7 +189,7 @@ def run_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(
         served_model_names=names,
         model_root=args.model or DEFAULT_MODEL_NAME,
-        api_key=args.api_key or os.environ.get("FULCRUM_API_KEY") or None,
+        api_key=args.api_key or envs.FULCRUM_API_KEY.get() or None,
         public_endpoints=args.public_endpoints,
         trust_request_chat_template=args.trust_request_chat_template,
         chat_template=_load_template(args.chat_template),

@@ -8,16 +8,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fulcrum.config import KernelConfig
 from fulcrum.kernels import GEMV_MAX_M
-from fulcrum.kernels.dispatch import use_triton
+from fulcrum.kernels.dispatch import Configured, use_triton
 from fulcrum.model.layers.activation import silu_and_mul
 from fulcrum.model.layers.norm import RMSNorm
 
 
-class Linear(nn.Linear):
-    """A decode step of up to ``gemv.USE_MAX_M`` requests (read at each call, so a benchmark
-    may switch it; see ``gemv.use_gemv``) runs the GEMV, measured faster than cuBLAS on every
-    linear layer of an 8B model at batch 1; anything larger runs the BLAS GEMM."""
+class Linear(Configured, nn.Linear):
+    """A decode step of up to ``kernel_config.gemv.max_m`` requests runs the GEMV, measured
+    faster than cuBLAS on every linear layer of an 8B model at batch 1; anything larger runs
+    the BLAS GEMM."""
 
     def gemv_operands(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(weight, bias, per-row scale) as the GEMV takes them (``norm_linear``)."""
@@ -25,11 +26,14 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the row count first: a prefill step pays one comparison per layer, not the dispatch
-        if x.shape[0] <= GEMV_MAX_M and x.dim() == 2 and use_triton(x):
-            from fulcrum.kernels import gemv
+        if x.shape[0] <= GEMV_MAX_M and x.dim() == 2:
+            kc = self.kernel_config
+            if use_triton(x, kc):
+                from fulcrum.kernels import gemv
 
-            if gemv.use_gemv(x, self.weight):
-                return gemv.gemv(x, self.weight, self.bias)
+                g = kc.gemv
+                if gemv.use_gemv(x, self.weight, g.max_m):
+                    return gemv.gemv(x, self.weight, self.bias, pdl_cfg=kc.pdl, launch=g.launch)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -42,15 +46,15 @@ def _norm(
     return norm(x, residual)
 
 
-def _one_row_operands(layer: nn.Module, x: torch.Tensor):
+def _one_row_operands(layer: nn.Module, x: torch.Tensor, kc: KernelConfig):
     """The layer's GEMV operands where ``x`` is one row on CUDA and the GEMV takes it."""
     operands = getattr(layer, "gemv_operands", None)
-    if operands is None or x.shape[0] != 1 or x.dim() != 2 or not use_triton(x):
+    if operands is None or x.shape[0] != 1 or x.dim() != 2 or not use_triton(x, kc):
         return None
     from fulcrum.kernels import gemv
 
     weight, bias, scale = operands()
-    return (weight, bias, scale) if gemv.use_gemv(x, weight) else None
+    return (weight, bias, scale) if gemv.use_gemv(x, weight, kc.gemv.max_m) else None
 
 
 def norm_linear(
@@ -58,22 +62,24 @@ def norm_linear(
     layer: nn.Module,
     x: torch.Tensor,
     residual: torch.Tensor | None,
+    kc: KernelConfig,
     silu: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(layer(norm(h)), h)`` with ``h = x`` or ``x + residual``; with ``silu``,
     ``silu_and_mul`` of the projection (gate_up), in the projection's own kernel where it runs
-    the one-row GEMV on CUDA (``gemv.silu_gemv``, when ``gemv.FUSE_SILU``): the activation's
+    the one-row GEMV on CUDA (``gemv.silu_gemv``, when ``kc.gemv.fuse_silu``): the activation's
     launch, and its trip through memory, drop out."""
     x, h = _norm(norm, x, residual)
     if silu:
-        from fulcrum.kernels import gemv
-
-        operands = _one_row_operands(layer, x) if gemv.FUSE_SILU else None
+        operands = _one_row_operands(layer, x, kc) if kc.gemv.fuse_silu else None
         if operands is not None:
+            from fulcrum.kernels import gemv
+
             weight, bias, scale = operands
-            return gemv.silu_gemv(x, weight, bias, scale=scale), h
+            y = gemv.silu_gemv(x, weight, bias, scale=scale, pdl_cfg=kc.pdl, launch=kc.gemv.launch)
+            return y, h
     y = layer(x)
-    return (silu_and_mul(y) if silu else y), h
+    return (silu_and_mul(y, kc) if silu else y), h
 
 
 class RopeKV(NamedTuple):
@@ -94,23 +100,24 @@ def norm_linear_rope(
     x: torch.Tensor,
     residual: torch.Tensor | None,
     rope: RopeKV,
+    kc: KernelConfig,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(qkv, h)`` as :func:`norm_linear` gives them, with rotary applied to q and k and the
     K/V rows written into the cache by the projection's own one-row GEMV
-    (``gemv.rope_gemv``, when ``gemv.FUSE_ROPE``): the rotary kernel's launch drops out of the
-    decode step. None where that does not apply (the caller then runs the two kernels)."""
-    from fulcrum.kernels import gemv
-
+    (``gemv.rope_gemv``, when ``kc.gemv.fuse_rope``): the rotary kernel's launch drops out of
+    the decode step. None where that does not apply (the caller then runs the two kernels)."""
     cs = rope.cos_sin_cache
-    if not gemv.FUSE_ROPE or cs is None or cs.shape[1] != rope.head_dim:
+    if not kc.gemv.fuse_rope or cs is None or cs.shape[1] != rope.head_dim:
         return None
-    operands = _one_row_operands(layer, x)
+    operands = _one_row_operands(layer, x, kc)
     if operands is None:
         return None
+    from fulcrum.kernels import gemv
+
     weight, bias, scale = operands
     x, h = _norm(norm, x, residual)
     qkv = gemv.rope_gemv(
         x, weight, rope.positions, cs, rope.kv_cache, rope.slot_mapping, rope.num_heads,
-        rope.num_kv_heads, bias=bias, scale=scale,
+        rope.num_kv_heads, bias=bias, scale=scale, pdl_cfg=kc.pdl, launch=kc.gemv.launch,
     )  # fmt: skip
     return qkv, h

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from fulcrum.kernels.dispatch import use_triton
+from fulcrum.kernels.dispatch import Configured, use_triton
 
 
 def _rope_params(config) -> dict:
@@ -55,7 +55,7 @@ def _llama3_scaled(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(Configured, nn.Module):
     def __init__(self, config, head_dim: int, max_position: int) -> None:
         super().__init__()
         # Computed on the CPU in float32 (as the reference does), then moved to the device the
@@ -72,10 +72,11 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q`` [T, Hq, D], ``k`` [T, Hkv, D], ``positions`` [T]."""
-        if use_triton(q):
+        kc = self.kernel_config
+        if use_triton(q, kc):
             from fulcrum.kernels.rotary import apply_rotary
 
-            return apply_rotary(q, k, positions, self.cos_sin_cache)
+            return apply_rotary(q, k, positions, self.cos_sin_cache, pdl_cfg=kc.pdl)
         cos, sin = self._cos_sin(positions, q.dtype)
         half = self.head_dim // 2
         return _rotate(q, cos, sin, half), _rotate(k, cos, sin, half)

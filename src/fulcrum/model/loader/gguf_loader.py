@@ -18,6 +18,8 @@ import time
 import numpy as np
 import torch
 
+from fulcrum import envs
+
 logger = logging.getLogger(__name__)
 
 _CONVERTER_VERSION = "1"
@@ -41,7 +43,7 @@ _LAYER_NAMES = {
 
 
 def cache_root() -> str:
-    root = os.environ.get("FULCRUM_CACHE_DIR") or os.path.join(
+    root = envs.FULCRUM_CACHE_DIR.get() or os.path.join(
         os.path.expanduser("~"), ".cache", "fulcrum"
     )
     return os.path.join(root, "gguf")

@@ -6,11 +6,12 @@ import os
 
 import torch
 
+from fulcrum import envs
 from fulcrum.config import ModelConfig
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))))
-CONFIGS_DIR = os.environ.get("FULCRUM_CONFIGS_DIR") or os.path.join(_REPO_ROOT, "configs")
+CONFIGS_DIR = envs.FULCRUM_CONFIGS_DIR.get() or os.path.join(_REPO_ROOT, "configs")
 _FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend
-from fulcrum.config import ModelConfig
+from fulcrum.config import KernelConfig, ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +85,13 @@ def _no_default_init():
 
 
 def load_model(
-    mc: ModelConfig, backend: AttentionBackend, device: torch.device
+    mc: ModelConfig,
+    backend: AttentionBackend,
+    device: torch.device,
+    kernel_config: KernelConfig | None = None,
 ) -> tuple[nn.Module, float]:
-    """Return the model on ``device`` in ``mc.dtype`` and the load time in seconds."""
+    """Return the model on ``device`` in ``mc.dtype`` and the load time in seconds; its layers
+    hold ``kernel_config`` (None: the defaults)."""
     from fulcrum.model.registry import get_model_cls
     from fulcrum.quant import get_quant_method
 
@@ -98,7 +102,8 @@ def load_model(
     torch.set_default_dtype(mc.dtype)
     try:
         with torch.device(device), _no_default_init():
-            model = cls(mc.hf_config, mc.max_model_len, backend, quant=quant)
+            kc = kernel_config if kernel_config is not None else KernelConfig()
+            model = cls(mc.hf_config, mc.max_model_len, backend, quant=quant, kernel_config=kc)
     finally:
         torch.set_default_dtype(old)
     # Buffers (the rotary cache) stay float32.
