@@ -146,10 +146,10 @@ class Driver:
         runner = llm.core.runner
         orig = runner.execute_async
 
-        def execute_async(out, tables):
-            n, tok = len(out.scheduled), out.num_batched_tokens
-            self._launched.append((n, tok, sum(out.starts) + tok))
-            return orig(out, tables)
+        def execute_async(out):
+            n, tok = out.num_reqs, out.num_batched_tokens
+            self._launched.append((n, tok, sum(out.num_computed_tokens) + tok))
+            return orig(out)
 
         runner.execute_async = execute_async
 

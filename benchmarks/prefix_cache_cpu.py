@@ -49,7 +49,7 @@ def run(prompts, out_len: int, cache: bool, policy: str) -> dict:
 
     def recording_schedule():
         out = schedule()
-        steps.append(tuple((r.request_id, n) for r, n in out.scheduled))
+        steps.append(tuple(zip(out.req_ids, out.num_scheduled_tokens, strict=True)))
         return out
 
     sched.schedule = recording_schedule

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from fulcrum.engine.protocol import WireSamplingParams
+from fulcrum.protocol import WireSamplingParams
 from fulcrum.worker.sampler import Sampler, SamplingMetadata, sample_fused
 
 VOCAB, COPY_BW = 128256, 4.28e12

@@ -61,10 +61,10 @@ def main() -> None:
         runner.sampling.to_host,
     )
 
-    def execute_async(out, tables):
+    def execute_async(out):
         marks.append({})
         mark("e0")
-        return orig_exec(out, tables)
+        return orig_exec(out)
 
     def replay(b, n):
         mark("e1")

@@ -156,7 +156,7 @@ def test_output_len_without_usage_uses_tokenizer(tmp_path: Path, capsys) -> None
         rc, _, _ = run_cli(argv, capsys)
     assert rc == 0
     (p,) = check_results(out, 1, 2)["points"]
-    from fulcrum.bench.tokenizer import load_tokenizer
+    from fulcrum.tokenizer import load_tokenizer
 
     n = len(load_tokenizer(None).encode(" w0 w1 w2 w3", add_special_tokens=False))
     assert p["total_output_tokens"] == 2 * n

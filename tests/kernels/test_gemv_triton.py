@@ -113,7 +113,7 @@ def test_silu_in_the_layer_matches_the_unfused_layer(monkeypatch: pytest.MonkeyP
     (``KernelConfig.gemv.fuse_silu``) against the same layer with the activation as its own
     kernel."""
     from fulcrum.config import KernelConfig
-    from fulcrum.model.layers.dispatch import set_kernel_config
+    from fulcrum.kernels.dispatch import set_kernel_config
 
     layer = _tiny_layer()
     o, residual = torch.randn(1, 64), torch.randn(1, 64)
@@ -136,7 +136,7 @@ def test_rope_in_the_layer_matches_the_unfused_layer(monkeypatch: pytest.MonkeyP
 
     from fulcrum.attention.torch_ref import TorchAttentionBackend
     from fulcrum.config import KernelConfig
-    from fulcrum.model.layers.dispatch import set_kernel_config
+    from fulcrum.kernels.dispatch import set_kernel_config
     from fulcrum.model.layers.rotary import RotaryEmbedding
 
     rope = RotaryEmbedding(SimpleNamespace(rope_theta=10000.0), 16, 64)

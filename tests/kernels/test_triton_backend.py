@@ -6,7 +6,7 @@ import pytest
 import torch
 from paged_batch import make_paged_batch
 
-from fulcrum.attention.backend import get_backend_cls
+from fulcrum.attention.selector import get_backend_cls
 from fulcrum.attention.torch_ref import TorchAttentionBackend
 from fulcrum.attention.triton_backend import TritonAttentionBackend
 from fulcrum.config import KernelConfig

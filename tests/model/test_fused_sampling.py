@@ -72,7 +72,7 @@ def test_two_engines_in_one_process_follow_their_own_switch(tiny_models, monkeyp
         assert all(len(o.outputs[0].token_ids) == 2 for o in outs)
         assert bool(fused_rows) == takes_kernel, (llm is on, fused_rows)
     # the runner's one switch-over point hands a new config to everything that holds one
-    from fulcrum.model.layers.dispatch import Configured
+    from fulcrum.kernels.dispatch import Configured
 
     runner = off.core.runner
     swapped = runner.kernel_config.replace(fused_sampler=True, gemv={"max_m": 2})
@@ -89,7 +89,7 @@ def test_two_engines_in_one_process_follow_their_own_switch(tiny_models, monkeyp
 
 @pytest.mark.parametrize("params", [dict(top_k=5), dict(top_p=0.5), dict(min_p=0.2, seed=1)])
 def test_fused_eligibility_follows_the_params(params) -> None:
-    from fulcrum.engine.protocol import to_wire
+    from fulcrum.protocol import to_wire
     from fulcrum.worker.sampler import fused_sampling
 
     assert fused_sampling(to_wire(SamplingParams(temperature=0.7, **params), 8))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from fulcrum.engine.protocol import (
+from fulcrum.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,

@@ -14,7 +14,7 @@ from fake_core import make_crashing_core, make_fake_core
 from fulcrum.engine.async_engine import AsyncEngine, EngineDeadError
 from fulcrum.engine.core_client import CoreClient, CoreDead, CoreUnreachableError, RequestError
 from fulcrum.engine.output_processor import OutputProcessor
-from fulcrum.engine.protocol import EngineCoreOutputs, EngineCoreRequest, WireSamplingParams
+from fulcrum.protocol import EngineCoreOutputs, EngineCoreRequest, WireSamplingParams
 from fulcrum.sampling_params import SamplingParams
 
 

@@ -9,7 +9,6 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from fulcrum.engine.protocol import SchedulerStats
 from fulcrum.entrypoints.openai.chat_template import ChatTemplateError, render_chat
 from fulcrum.entrypoints.openai.errors import OpenAIError, install_error_handlers
 from fulcrum.entrypoints.openai.metrics import ServerMetrics
@@ -17,6 +16,7 @@ from fulcrum.entrypoints.openai.middleware import ServerGuard
 from fulcrum.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from fulcrum.entrypoints.openai.serving_base import ServeOptions, ServerState
 from fulcrum.entrypoints.openai.sse import DONE, completion_logprobs, sse_error, sse_event
+from fulcrum.protocol import SchedulerStats
 
 TPL = (
     "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"

@@ -9,28 +9,58 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fulcrum.config import CacheConfig, SchedulerConfig
-from fulcrum.engine.protocol import EngineCoreRequest, WireSamplingParams
+from fulcrum.protocol import EngineCoreRequest, WireSamplingParams
 from fulcrum.scheduler.scheduler import Scheduler
 
 
 def _sampled(out) -> list[int]:
     """The stand-in model: the token after position p is (p * 7) % 50 + 3 (never EOS)."""
-    return [
-        ((s + n) * 7) % 50 + 3
-        for (_, n), s, smp in zip(out.scheduled, out.starts, out.samples, strict=True)
-        if smp
-    ]
+    steps = zip(out.num_scheduled_tokens, out.num_computed_tokens, out.samples, strict=True)
+    return [((s + n) * 7) % 50 + 3 for n, s, smp in steps if smp]
+
+
+class _Runner:
+    """What the model runner knows of the requests, rebuilt from the scheduler's outputs alone:
+    a new request arrives whole, a running one with its new blocks; tokens come from collect."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, list[int]] = {}
+        self.tokens: dict[str, list[int]] = {}
+
+    def execute(self, out, sched: Scheduler) -> None:
+        for rid in out.finished_req_ids:
+            self.blocks.pop(rid, None)
+            self.tokens.pop(rid, None)
+        cached = out.scheduled_cached_reqs
+        for rid, new in zip(cached.req_ids, cached.new_block_ids, strict=True):
+            self.blocks[rid] += new or []
+        for new in out.scheduled_new_reqs:
+            self.blocks[new.req_id] = list(new.block_ids)
+            self.tokens[new.req_id] = new.prompt_token_ids + new.output_token_ids
+        for rid in out.req_ids:
+            assert self.blocks[rid] == sched.kv.block_table(rid), rid
+
+    def collect(self, out, sampled: list[int]) -> None:
+        rows = [rid for rid, smp in zip(out.req_ids, out.samples, strict=True) if smp]
+        for rid, tok in zip(rows, sampled, strict=True):
+            if rid in self.tokens:
+                self.tokens[rid].append(tok)
 
 
 def _run(sched: Scheduler, max_steps: int = 10_000, overlap: bool = False) -> dict[str, list[int]]:
     """Drive the scheduler; with ``overlap`` step N+1 is scheduled before step N's tokens are
-    applied, as the engine core does with asynchronous scheduling."""
+    applied, as the engine core does with asynchronous scheduling. A stand-in runner checks
+    that the outputs tell it every running request's blocks and tokens."""
     outputs: dict[str, list[int]] = {}
     inflight = None
+    runner = _Runner()
     for _ in range(max_steps):
         if not sched.has_unfinished() and inflight is None:
+            runner.execute(sched.schedule(), sched)  # the last finished ids
+            assert not runner.blocks and not runner.tokens
             return outputs
         out = sched.schedule()
+        runner.execute(out, sched)
         assert out.num_batched_tokens <= sched.config.max_num_batched_tokens
         assert len(sched.running) <= sched.config.max_num_seqs
         assert all(r.num_pending <= 1 + overlap for r in sched.running)
@@ -38,8 +68,11 @@ def _run(sched: Scheduler, max_steps: int = 10_000, overlap: bool = False) -> di
         if inflight is not None and inflight.is_empty:
             inflight = None
         if done is not None:
+            runner.collect(done, _sampled(done))
             for o in sched.update(done, _sampled(done)) + sched.take_aborted():
                 outputs.setdefault(f"{o.request_id}#{o.index}", []).extend(o.new_token_ids)
+        for r in sched.running:
+            assert runner.tokens[r.key] == r.all_token_ids
         sched.kv.check_integrity()
     raise AssertionError("scheduler did not finish")
 
@@ -118,10 +151,11 @@ def test_shared_prefix_in_one_step_is_computed_once():
     first = sched.schedule()
     # The first request's prompt blocks enter the cache when scheduled; the others reuse them
     # in the same step (each layer writes K/V before it attends), computing only their tails.
-    assert len(first.scheduled) == 4
+    assert first.num_reqs == 4
     assert first.num_batched_tokens == 35 + 3 * 3
-    hits = [r.num_cached_tokens for r, _ in first.scheduled[1:]]
-    assert all(h == 32 for h in hits)
+    hits = [r.num_computed_tokens for r in first.scheduled_new_reqs[1:]]
+    assert hits == [32, 32, 32]
+    assert [r.num_cached_tokens for r in sched.running[1:]] == hits
 
 
 def test_bad_requests_name_the_field():
@@ -146,9 +180,9 @@ def test_n_sequences_share_one_prefill(prefix):
             break
         out = sched.schedule()
         computed += sum(
-            min(n, r.num_prompt_tokens - s)
-            for (r, n), s in zip(out.scheduled, out.starts, strict=True)
-            if s < r.num_prompt_tokens
+            min(n, 33 - s)
+            for n, s in zip(out.num_scheduled_tokens, out.num_computed_tokens, strict=True)
+            if s < 33
         )
         sched.update(out, [7] * out.num_sampled)
     # 33 prompt tokens once, then only the last token for each of the three siblings.
@@ -198,6 +232,48 @@ def test_aborts_while_a_step_is_in_flight(reqs, aborts, prefix):
             assert reasons[0] == "abort" and str(i) in aborted
     assert sched.kv.num_available == sched.kv.num_blocks
     assert not sched.requests
+
+
+def test_running_requests_send_only_what_changed():
+    """A decode step names each running request with no copy of its tokens or block table;
+    a block id travels once, when the table grows."""
+    sched = _sched(blocks=64, budget=64, bs=4)
+    for i in range(3):
+        sched.add_request(EngineCoreRequest(str(i), [1 + i] * 5, WireSamplingParams(max_tokens=9)))
+    first = sched.schedule()
+    assert [r.req_id for r in first.scheduled_new_reqs] == ["0#0", "1#0", "2#0"]
+    assert [len(r.block_ids) for r in first.scheduled_new_reqs] == [2, 2, 2]
+    sched.update(first, _sampled(first))
+    for _ in range(8):
+        out = sched.schedule()
+        assert not out.scheduled_new_reqs and out.num_scheduled_tokens == [1, 1, 1]
+        cached = out.scheduled_cached_reqs
+        for new, start in zip(cached.new_block_ids, cached.num_computed_tokens, strict=True):
+            # position ``start`` opens a block exactly when it is a multiple of 4
+            assert (new is not None) == (start % 4 == 0)
+            assert new is None or len(new) == 1
+        sched.update(out, _sampled(out))
+    assert sorted(sched.schedule().finished_req_ids) == ["0#0", "1#0", "2#0"]
+
+
+def test_preempted_request_comes_back_whole():
+    sched = _sched(blocks=6, budget=32, bs=4)
+    sched.add_request(EngineCoreRequest("a", [1] * 7, WireSamplingParams(max_tokens=12)))
+    sched.add_request(EngineCoreRequest("b", [2] * 7, WireSamplingParams(max_tokens=12)))
+    seen_preempt = False
+    outs = []
+    while sched.has_unfinished():
+        out = sched.schedule()
+        for new in out.scheduled_new_reqs:
+            r = next(s for s in sched.running if s.key == new.req_id)
+            assert new.prompt_token_ids + new.output_token_ids == r.all_token_ids
+            if seen_preempt and new.output_token_ids:
+                assert new.num_computed_tokens % 4 == 0 and new.block_ids
+        seen_preempt |= bool(out.preempted_req_ids)
+        outs.append(out)
+        sched.update(out, _sampled(out))
+    assert seen_preempt
+    assert any(n.output_token_ids for o in outs for n in o.scheduled_new_reqs)
 
 
 def test_first_output_carries_the_first_scheduled_time():

@@ -86,7 +86,7 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
     records = load_trace(args.trace)
     tokenizer = None
     if needs_tokenizer(records):
-        from fulcrum.bench.tokenizer import load_tokenizer
+        from fulcrum.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
     records = load_trace(args.trace, tokenizer) if tokenizer is not None else records
@@ -107,6 +107,7 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
         mean_e2e_s=sum(e2e) / len(e2e) if e2e else None,
         prefill_s_per_token=fit_prefill_rate(records),
         prefill_tps=args.prefill_tps,
+        serve_flags=getattr(args, "serve_flags", None),
     )
     return {
         "trace": args.trace,

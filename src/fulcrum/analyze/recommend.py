@@ -75,8 +75,13 @@ def recommend(
     mean_e2e_s: float | None = None,
     prefill_s_per_token: float | None = None,
     prefill_tps: float | None = None,
+    serve_flags: set[str] | None = None,
 ) -> Recommendation:
-    """Flags and reasons for serving this trace; ``prefill_s_per_token`` None means assumed."""
+    """Flags and reasons for serving this trace; ``prefill_s_per_token`` None means assumed.
+
+    ``serve_flags``: the option strings this build's ``fulcrum serve`` accepts (given by the
+    command line that holds both subcommands); flags outside it move to ``pending_flags``. None:
+    unknown, every flag is kept."""
     rec = Recommendation()
     ov, ov_inf = overlap.overlap, unbounded.overlap
     cap = overlap.capacity_tokens
@@ -189,25 +194,10 @@ def recommend(
         f"Estimated TTFT saved by the cache: {rec.mean_ttft_saved_s * 1000:.1f} ms per request "
         f"on average ({rec.prefill_s_per_token * 1e6:.1f} us per prompt token, {src})."
     )
-    _split_supported(rec, supported_serve_flags())
+    _split_supported(rec, serve_flags)
     model_flag = ["--model", model] if model and model != DEFAULT_SERVED_NAME else []
     rec.command = " ".join(["fulcrum", "serve", *model_flag, *rec.flags])
     return rec
-
-
-def supported_serve_flags() -> set[str] | None:
-    """Option strings ``fulcrum serve`` accepts in this build (None: server not installed)."""
-    import argparse
-
-    try:
-        from fulcrum.entrypoints.openai.cli_serve import add_parser
-    except ImportError:
-        return None
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers()
-    add_parser(sub)
-    serve = sub.choices.get("serve")
-    return set(serve._option_string_actions) if serve is not None else None
 
 
 def _split_supported(rec: Recommendation, supported: set[str] | None) -> None:

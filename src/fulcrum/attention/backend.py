@@ -154,37 +154,13 @@ class AttentionBackend(ABC):
         are there for a backend that reads a chunk's own rows directly)."""
 
 
-_REGISTRY: dict[str, type[AttentionBackend]] = {}
+ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {}
 
 
 def register_backend(name: str):
     def deco(cls: type[AttentionBackend]) -> type[AttentionBackend]:
         cls.name = name
-        _REGISTRY[name] = cls
+        ATTENTION_BACKENDS[name] = cls
         return cls
 
     return deco
-
-
-def get_backend_cls(name: str, device: torch.device) -> type[AttentionBackend]:
-    if name == "auto":
-        name = "triton" if device.type == "cuda" and _triton_available() else "torch"
-    if name == "torch":
-        from fulcrum.attention import torch_ref  # noqa: F401
-    elif name == "triton":
-        from fulcrum.attention import triton_backend  # noqa: F401
-    if name not in _REGISTRY:
-        raise ValueError(
-            f"attention_backend: unknown backend {name!r}; choose auto, torch, triton."
-        )
-    return _REGISTRY[name]
-
-
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    import importlib.util
-
-    return importlib.util.find_spec("fulcrum.attention.triton_backend") is not None

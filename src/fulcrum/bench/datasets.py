@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from fulcrum.bench.tokenizer import special_token_ids
+from fulcrum.tokenizer import special_token_ids
 
 
 @dataclass

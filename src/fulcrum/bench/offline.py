@@ -186,7 +186,7 @@ def run_offline(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        from fulcrum.bench.tokenizer import load_tokenizer
+        from fulcrum.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
         reqs = _requests(args, tokenizer)

@@ -154,7 +154,7 @@ async def _bench(args: argparse.Namespace) -> int:
             raise ServerError(f"{base}/v1/models lists no model; pass --model.")
         tokenizer = None
         if args.dataset_name != "trace" or args.tokenizer:
-            from fulcrum.bench.tokenizer import load_tokenizer
+            from fulcrum.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(args.tokenizer)
         as_text = args.prompt_format == "text" or (

@@ -32,7 +32,7 @@ from fulcrum.engine.core_client import (
 )
 from fulcrum.engine.output_processor import OutputProcessor
 from fulcrum.engine.outputs import RequestMetrics, RequestOutput
-from fulcrum.engine.protocol import (
+from fulcrum.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,

@@ -20,7 +20,8 @@ import logging
 import time
 
 from fulcrum.config import EngineConfig
-from fulcrum.engine.protocol import (
+from fulcrum.model.loader.hf_config import generation_eos_token_ids
+from fulcrum.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
@@ -36,11 +37,13 @@ logger = logging.getLogger(__name__)
 
 
 def eos_token_ids(config: EngineConfig) -> set[int]:
-    hf = config.model_config.hf_config
-    eos = getattr(hf, "eos_token_id", None)
+    """The ids that end a sequence: ``config.json``'s EOS and ``generation_config.json``'s."""
+    mc = config.model_config
+    eos = getattr(mc.hf_config, "eos_token_id", None)
     ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    gen = getattr(config.model_config, "generation_eos", None)
-    return ids | set(gen or [])
+    if mc.load_format == "dummy":  # configs/ holds many architectures' files side by side
+        return ids
+    return ids | generation_eos_token_ids(mc.weights_path, mc.tokenizer_path)
 
 
 class EngineCore:
@@ -94,8 +97,9 @@ class EngineCore:
             prev = None
         sched_out = self.scheduler.schedule()
         if not sched_out.is_empty:
-            tables = [self.scheduler.kv.block_table(r.key) for r, _ in sched_out.scheduled]
-            self._inflight = (sched_out, self.runner.execute_async(sched_out, tables))
+            self._inflight = (sched_out, self.runner.execute_async(sched_out))
+        elif sched_out.finished_req_ids:
+            self.runner.update_states(sched_out)
         if prev is not None:
             outputs += self._collect(prev)
         if self._inflight is not None and not self.async_scheduling:
@@ -106,7 +110,7 @@ class EngineCore:
         return EngineCoreOutputs(outputs=outputs, stats=self.get_stats(), timestamp=time.time())
 
     def _may_overlap(self) -> bool:
-        return self.async_scheduling and all(r.overlap_safe for r in self.scheduler.running)
+        return self.async_scheduling and self.scheduler.overlap_safe()
 
     def _collect(self, inflight: tuple[SchedulerOutput, StepHandle]) -> list[EngineCoreOutput]:
         sched_out, handle = inflight

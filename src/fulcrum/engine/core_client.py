@@ -6,7 +6,7 @@
  CoreClient.get_output  ◀──PULL── ipc://…-out ◀──PUSH── step() while unfinished → outputs
 ```
 
-Every message is ``[kind, msgpack payload]`` with msgspec structs from ``engine/protocol.py``
+Every message is ``[kind, msgpack payload]`` with msgspec structs from ``protocol.py``
 (plus the few handshake structs below) — nothing is pickled on the sockets. The child is started
 with multiprocessing's *spawn* method (a fresh interpreter: torch and ZMQ never cross a fork);
 only the picklable core factory travels in the process-start pipe. The child exits when its
@@ -34,7 +34,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from fulcrum.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from fulcrum.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from fulcrum.engine.outputs import (
     SampleLogprobs,
     TokenLogprob,
 )
-from fulcrum.engine.protocol import EngineCoreOutput, Logprobs
+from fulcrum.protocol import EngineCoreOutput, Logprobs
 from fulcrum.sampling_params import SamplingParams
 
 

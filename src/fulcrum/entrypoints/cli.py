@@ -32,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # subsystem not installed in this build
             raise
         mod.add_parser(sub)
+    serve, analyze = sub.choices.get("serve"), sub.choices.get("analyze")
+    if serve is not None and analyze is not None:
+        # The analyzer recommends only flags this build's server accepts; it is told them here
+        # rather than importing the server's command line.
+        analyze.set_defaults(serve_flags=set(serve._option_string_actions))
     return parser
 
 

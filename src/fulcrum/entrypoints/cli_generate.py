@@ -87,8 +87,8 @@ def stream_reply(llm, messages: list[dict], params, write=sys.stdout.write) -> s
     """Run one chat turn in-process, writing text as it is produced; returns the reply.
 
     Ctrl-C aborts the request in the engine between steps, then raises KeyboardInterrupt."""
-    from fulcrum.engine.protocol import EngineCoreRequest, to_wire
     from fulcrum.entrypoints.llm import resolve_max_tokens
+    from fulcrum.protocol import EngineCoreRequest, to_wire
 
     tok = llm.get_tokenizer()
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

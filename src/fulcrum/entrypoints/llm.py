@@ -11,8 +11,8 @@ from fulcrum.engine.arg_utils import EngineArgs
 from fulcrum.engine.core import EngineCore
 from fulcrum.engine.output_processor import OutputProcessor
 from fulcrum.engine.outputs import RequestOutput
-from fulcrum.engine.protocol import EngineCoreRequest, to_wire
 from fulcrum.model.loader.tokenizer import load_tokenizer
+from fulcrum.protocol import EngineCoreRequest, to_wire
 from fulcrum.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]

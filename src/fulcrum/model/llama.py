@@ -14,8 +14,8 @@ from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
 from fulcrum.config import KernelConfig
+from fulcrum.kernels.dispatch import DEFAULT, Configured, set_kernel_config
 from fulcrum.model.layers.activation import silu_and_mul
-from fulcrum.model.layers.dispatch import DEFAULT, Configured, set_kernel_config
 from fulcrum.model.layers.linear import Linear, RopeKV, norm_linear, norm_linear_rope
 from fulcrum.model.layers.norm import RMSNorm
 from fulcrum.model.layers.rotary import RotaryEmbedding

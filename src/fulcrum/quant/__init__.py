@@ -1,5 +1,19 @@
-"""Weight quantization methods (``base.QuantMethod`` and its registry)."""
+"""Quantization methods behind one ABC (``base.QuantMethod``), looked up by name."""
 
-from fulcrum.quant.base import QUANT_METHODS, QuantMethod, get_quant_method
+from fulcrum.quant.base import QUANT_METHODS, QuantMethod
 
 __all__ = ["QUANT_METHODS", "QuantMethod", "get_quant_method"]
+
+
+def get_quant_method(name: str | None) -> QuantMethod | None:
+    """The method called ``name`` (``None`` or ``"none"``: full precision, no method)."""
+    if name in (None, "none"):
+        return None
+    import fulcrum.quant.fp8  # noqa: F401  (registers)
+
+    if name not in QUANT_METHODS:
+        raise ValueError(
+            f"quantization: unknown method {name!r}; expected none or one of "
+            f"{', '.join(sorted(QUANT_METHODS))}."
+        )
+    return QUANT_METHODS[name]()

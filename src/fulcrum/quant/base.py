@@ -38,17 +38,3 @@ def register_quant_method(name: str):
         return cls
 
     return deco
-
-
-def get_quant_method(name: str | None) -> QuantMethod | None:
-    """The method called ``name`` (``None`` or ``"none"``: full precision, no method)."""
-    if name in (None, "none"):
-        return None
-    import fulcrum.quant.fp8  # noqa: F401  (registers)
-
-    if name not in QUANT_METHODS:
-        raise ValueError(
-            f"quantization: unknown method {name!r}; expected none or one of "
-            f"{', '.join(sorted(QUANT_METHODS))}."
-        )
-    return QUANT_METHODS[name]()

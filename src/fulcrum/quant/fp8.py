@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from fulcrum.kernels import GEMV_MAX_M
+from fulcrum.kernels.dispatch import Configured, use_triton
 from fulcrum.kernels.quant_fp8 import FP8, per_token_quant_fp8_ref
-from fulcrum.model.layers.dispatch import Configured, use_triton
 from fulcrum.quant.base import QuantMethod, register_quant_method
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from fulcrum.config import SchedulerConfig
-from fulcrum.engine.request import Request
 from fulcrum.kv_cache.manager import KVCacheManager
+from fulcrum.request import Request
 
 
 def order_waiting(

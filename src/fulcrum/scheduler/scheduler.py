@@ -19,10 +19,10 @@ from collections import deque
 from collections.abc import Iterable
 
 from fulcrum.config import CacheConfig, SchedulerConfig
-from fulcrum.engine.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
-from fulcrum.engine.request import Request, RequestStatus
 from fulcrum.kv_cache.manager import KVCacheManager
-from fulcrum.scheduler.output import SchedulerOutput
+from fulcrum.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
+from fulcrum.request import Request, RequestStatus
+from fulcrum.scheduler.output import NewRequestData, SchedulerOutput
 from fulcrum.scheduler.policy import order_waiting
 
 
@@ -44,6 +44,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, list[Request]] = {}
         self._aborted: list[Request] = []
+        self._finished_keys: list[str] = []  # for the runner, with the next step
+        self._steps: dict[int, list[Request]] = {}  # scheduled steps not yet updated
+        self._next_step_id = 0
         self.num_preemptions = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -104,10 +107,16 @@ class Scheduler:
                 self.kv.free(r.key)
                 r.status = RequestStatus.FINISHED_ABORTED
                 self._aborted.append(r)
+                self._finished_keys.append(r.key)
                 self._drop_if_done(r.request_id)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self._aborted)
+
+    def overlap_safe(self) -> bool:
+        """No running request's sampling needs host-side history (penalties, min_tokens), so
+        the next step may be scheduled before this one's tokens are known."""
+        return all(r.overlap_safe for r in self.running)
 
     # -- scheduling ---------------------------------------------------------------------------
 
@@ -121,7 +130,9 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
-        out = SchedulerOutput()
+        out = SchedulerOutput(step_id=self._next_step_id, finished_req_ids=self._finished_keys)
+        self._finished_keys = []
+        reqs: list[Request] = []
         # 1. Running requests, oldest first.
         i = 0
         while i < len(self.running) and budget > 0:
@@ -133,18 +144,21 @@ class Scheduler:
             while not self.kv.allocate_slots(req.key, req.num_computed_tokens + num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
-                out.preempted.append(victim)
+                out.preempted_req_ids.append(victim.key)
                 if victim is req:
                     break
             else:
-                self._commit(out, req, num_new)
+                self._commit(out, reqs, req, num_new)
                 budget -= num_new
                 i += 1
                 continue
             break
         # 2. Waiting requests, unless this step had to preempt.
-        if not out.preempted:
-            self._schedule_waiting(out, budget)
+        if not out.preempted_req_ids:
+            self._schedule_waiting(out, reqs, budget)
+        if reqs:
+            self._steps[out.step_id] = reqs
+        self._next_step_id += 1
         return out
 
     def _finishes_by_length(self, req: Request) -> bool:
@@ -154,11 +168,32 @@ class Scheduler:
         n = req.num_tokens_with_pending
         return n - req.num_prompt_tokens >= req.params.max_tokens or n >= self.config.max_model_len
 
-    def _commit(self, out: SchedulerOutput, req: Request, num_new: int) -> None:
-        """Add ``req`` to the step and advance it as if the step had already run."""
+    def _commit(
+        self, out: SchedulerOutput, reqs: list[Request], req: Request, num_new: int, new: bool = False
+    ) -> None:
+        """Add ``req`` to the step (whole, if ``new`` to the runner; else what changed since its
+        last step) and advance it as if the step had already run."""
         start = req.num_computed_tokens
         samples = start + num_new == req.num_tokens_with_pending
-        out.add(req, num_new, start, samples)
+        blocks = self.kv.block_table(req.key)
+        if new:
+            out.scheduled_new_reqs.append(
+                NewRequestData(
+                    req.key, req.index, req.prompt_token_ids, req.output_token_ids, req.params,
+                    list(blocks), start,
+                )
+            )
+        else:
+            cached = out.scheduled_cached_reqs
+            cached.req_ids.append(req.key)
+            sent = req.num_runner_blocks
+            cached.new_block_ids.append(blocks[sent:] if len(blocks) > sent else None)
+            cached.num_computed_tokens.append(start)
+        req.num_runner_blocks = len(blocks)
+        reqs.append(req)
+        out.num_scheduled_tokens.append(num_new)
+        out.samples.append(samples)
+        out.num_batched_tokens += num_new
         req.num_computed_tokens = start + num_new
         if samples:
             req.num_pending += 1
@@ -169,7 +204,7 @@ class Scheduler:
         known = min(req.num_computed_tokens, req.num_tokens)
         self.kv.cache_blocks(req.key, req.all_token_ids, known, req.cache_salt)
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, reqs: list[Request], budget: int) -> None:
         bs = self.block_size
         prefilling = [r for r in self.running if not r.prefill_done]
         admitted: set[int] = set()
@@ -203,7 +238,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             admitted.add(id(req))
-            self._commit(out, req, num_new)
+            self._commit(out, reqs, req, num_new, new=True)
             if not req.prefill_done:
                 prefilling.append(req)
             budget -= num_new
@@ -223,7 +258,8 @@ class Scheduler:
         A request that finished or was aborted since the step was scheduled drops its token."""
         results: list[EngineCoreOutput] = []
         k = 0
-        for (req, _), samples in zip(out.scheduled, out.samples, strict=True):
+        reqs = self._steps.pop(out.step_id, [])
+        for req, samples in zip(reqs, out.samples, strict=True):
             if not samples:
                 continue  # a prefill chunk: nothing sampled
             tok = sampled[k]
@@ -271,6 +307,7 @@ class Scheduler:
         except ValueError:  # preempted while its last step ran
             self.waiting.remove(req)
         self.kv.free(req.key)
+        self._finished_keys.append(req.key)
         self._drop_if_done(req.request_id)
 
     def _drop_if_done(self, request_id: str) -> None:

@@ -1,9 +1,10 @@
-"""The host side of a step's inputs: each request's block-table row kept across steps, and the
-flat numpy arrays (ids, positions, KV slots, query starts) of a decode or a general batch.
+"""The host side of a step's inputs: each request's state kept across steps (token ids,
+block-table row, sampling parameters), and the flat numpy arrays (ids, positions, KV slots,
+query starts) of a decode or a general batch.
 
-Block tables are mirrored per request in numpy rows that only grow: the KV manager appends
-blocks to a request's table and gives a re-admitted request a new list, so a row is extended
-with the new tail rather than rebuilt each step. An input token that the step still running
+The states follow the scheduler's output: a new (or resumed) request arrives whole, a running
+one brings only the blocks appended to its table, so a row is extended with the new tail rather
+than rebuilt each step; the tokens a step samples are appended when it is collected. An input token that the step still running
 sampled is not on the host yet: it is listed as a patch (``dst`` row <- ``src`` row of that
 step's sampled ids) for the runner to apply on the device.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fulcrum.engine.protocol import WireSamplingParams
+from fulcrum.protocol import WireSamplingParams
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.host_staging import HostStaging
 from fulcrum.worker.sampler import fused_sampling, plain_greedy
@@ -23,20 +24,30 @@ from fulcrum.worker.sampler import fused_sampling, plain_greedy
 
 @dataclass
 class ReqState:
-    """Per-request state kept across steps: its block-table row and whether argmax suffices."""
+    """What the runner keeps of one request across steps: its token ids as far as the host
+    knows them (the prompt, then each sampled token once its step is collected), its block-table
+    row, and how its tokens are sampled."""
 
+    req_id: str
+    index: int  # its place among the request's n sequences
     params: WireSamplingParams
-    blocks: list[int]  # the KV manager's list (grows in place)
-    row: np.ndarray  # int32 [capacity]; entries past ``filled`` are 0
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # prompt + output collected so far
+    row: np.ndarray  # int32 [capacity] block table; entries past ``filled`` are 0
     filled: int
     plain_greedy: bool
     fused_sample: bool  # the sort-free sampler serves it (``sampler.fused_sampling``)
+    generator: torch.Generator | None = None  # seeded sorting-sampler draws (made on first use)
 
-    def sync(self, blocks: list[int]) -> None:
-        n = len(blocks)
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids) :]
+
+    def append_blocks(self, blocks: list[int]) -> None:
+        n = self.filled + len(blocks)
         if n > self.row.shape[0]:
             self.row = np.concatenate([self.row, np.zeros(n, dtype=np.int32)])
-        self.row[self.filled : n] = blocks[self.filled :]
+        self.row[self.filled : n] = blocks
         self.filled = n
 
 
@@ -76,24 +87,32 @@ class InputBuilder:
         self.staging = staging
         self._states: dict[str, ReqState] = {}
 
-    def states(self, out: SchedulerOutput, block_tables: list[list[int]]) -> list[ReqState]:
-        """Each scheduled request's state, its block-table row brought up to date."""
+    def update_states(self, out: SchedulerOutput) -> list[ReqState]:
+        """Apply the step's changes; the scheduled requests' states in batch order."""
+        held = self._states
+        for req_id in out.finished_req_ids:
+            held.pop(req_id, None)
+        cached = out.scheduled_cached_reqs
         states: list[ReqState] = []
-        get = self._states.get
-        for (r, _), blocks in zip(out.scheduled, block_tables, strict=True):
-            st = get(r.key)
-            if st is None or st.params is not r.params or st.blocks is not blocks:
-                row = np.zeros(max(self.max_blocks, len(blocks)), dtype=np.int32)
-                st = ReqState(
-                    r.params, blocks, row, 0, plain_greedy(r.params), fused_sampling(r.params)
-                )
-                self._states[r.key] = st
-            if len(blocks) != st.filled:
-                st.sync(blocks)
+        for req_id, blocks in zip(cached.req_ids, cached.new_block_ids, strict=True):
+            st = held[req_id]
+            if blocks:
+                st.append_blocks(blocks)
             states.append(st)
-        if len(self._states) > 2 * self.max_num_seqs + len(states):
-            keep = {r.key for r, _ in out.scheduled}
-            self._states = {k: v for k, v in self._states.items() if k in keep}
+        for new in out.scheduled_new_reqs:
+            p = new.sampling_params
+            row = np.zeros(max(self.max_blocks, len(new.block_ids)), dtype=np.int32)
+            st = ReqState(
+                new.req_id, new.index, p, new.prompt_token_ids,
+                new.prompt_token_ids + new.output_token_ids, row, 0,
+                plain_greedy(p), fused_sampling(p),
+            )
+            st.append_blocks(new.block_ids)
+            old = held.get(new.req_id)
+            if old is not None:  # resumed after preemption: its seeded draws continue
+                st.generator = old.generator
+            held[new.req_id] = st
+            states.append(st)
         return states
 
     def table(self, states: list[ReqState], width: int) -> torch.Tensor:
@@ -105,37 +124,38 @@ class InputBuilder:
 
     @staticmethod
     def decode_batch(
-        out: SchedulerOutput, prev_rows: dict[str, int]
+        out: SchedulerOutput, states: list[ReqState], starts: list[int], prev_rows: dict[str, int]
     ) -> tuple[np.ndarray, np.ndarray, list, list] | None:
         """(input ids, positions, patch rows, their rows in the previous step's sampled ids) if
         every request computes exactly its one last token."""
-        n = len(out.scheduled)
+        n = len(states)
         ids = np.zeros(n, dtype=np.int64)
-        pos = np.fromiter(out.starts, np.int64, n)
+        pos = np.fromiter(starts, np.int64, n)
         dst: list[int] = []
         src: list[int] = []
-        steps = zip(out.scheduled, out.starts, out.samples, strict=True)
-        for i, ((r, k), s, smp) in enumerate(steps):
+        steps = zip(states, out.num_scheduled_tokens, starts, out.samples, strict=True)
+        for i, (st, k, s, smp) in enumerate(steps):
             if k != 1 or not smp:
                 return None
-            toks = r.all_token_ids
+            toks = st.token_ids
             if s < len(toks):
                 ids[i] = toks[s]
             else:  # sampled by the step still running
                 dst.append(i)
-                src.append(prev_rows[r.key])
+                src.append(prev_rows[st.req_id])
         return ids, pos, dst, src
 
     def general_batch(
         self,
         out: SchedulerOutput,
         states: list[ReqState],
+        starts_list: list[int],
         prev_rows: dict[str, int],
         block_size: int,
     ) -> GeneralBatch:
-        n = len(out.scheduled)
-        starts = np.fromiter(out.starts, np.int64, n)
-        counts = np.fromiter((k for _, k in out.scheduled), np.int64, n)
+        n = len(states)
+        starts = np.fromiter(starts_list, np.int64, n)
+        counts = np.fromiter(out.num_scheduled_tokens, np.int64, n)
         qsl = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(counts, out=qsl[1:])
         total = int(qsl[-1])
@@ -144,14 +164,14 @@ class InputBuilder:
         ids = np.zeros(total, dtype=np.int64)
         dst: list[int] = []
         src: list[int] = []
-        for i, (r, k) in enumerate(out.scheduled):
-            s, a, toks = int(starts[i]), int(qsl[i]), r.all_token_ids
+        for i, (st, k) in enumerate(zip(states, out.num_scheduled_tokens, strict=True)):
+            s, a, toks = int(starts[i]), int(qsl[i]), st.token_ids
             known = min(k, len(toks) - s)
             ids[a : a + known] = toks[s : s + known]
             if known < k:  # the last input was sampled by the step still running
                 assert known == k - 1, "at most one pending token per request"
                 dst.append(a + k - 1)
-                src.append(prev_rows[r.key])
+                src.append(prev_rows[st.req_id])
         rows = [i for i, smp in enumerate(out.samples) if smp]
         table = self.table(states, max(st.filled for st in states))
         bs = block_size

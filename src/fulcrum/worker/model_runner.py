@@ -25,13 +25,13 @@ import dataclasses
 import numpy as np
 import torch
 
-from fulcrum.attention.backend import AttentionMetadata, get_backend_cls
+from fulcrum.attention.backend import AttentionMetadata
+from fulcrum.attention.selector import get_backend_cls
 from fulcrum.config import EngineConfig, KernelConfig
-from fulcrum.engine.protocol import Logprobs
-from fulcrum.engine.request import Request
+from fulcrum.kernels.dispatch import use_triton
 from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
-from fulcrum.model.layers.dispatch import use_triton
 from fulcrum.model.loader.weights import load_model
+from fulcrum.protocol import Logprobs
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.cuda_graph import DecodeGraphs
 from fulcrum.worker.host_staging import HostStaging
@@ -128,21 +128,31 @@ class ModelRunner:
         else:
             ids.index_copy_(0, rows[0], self._prev_sampled.index_select(0, rows[1]))
 
+    def update_states(self, out: SchedulerOutput) -> None:
+        """Take a step's changes to the requests without running it (an empty step still
+        reports finished requests)."""
+        self.inputs.update_states(out)
+
     @torch.inference_mode()
-    def execute_async(self, out: SchedulerOutput, block_tables: list[list[int]]) -> StepHandle:
+    def execute_async(self, out: SchedulerOutput) -> StepHandle:
         """Launch one step; ``collect`` returns its sampled tokens."""
         self._staging.wait()  # the previous step's host → device copies are done
-        states = self.inputs.states(out, block_tables)
-        dec = self.inputs.decode_batch(out, self._prev_rows)
+        states = self.inputs.update_states(out)
+        starts = out.num_computed_tokens
+        dec = self.inputs.decode_batch(out, states, starts, self._prev_rows)
         if dec is not None:
             logits, greedy = self._decode_step(*dec, states)
-            return self._sample(logits, [r for r, _ in out.scheduled], states, greedy)
-        logits, rows = self._general_step(out, states)
-        return self._sample(logits, [out.scheduled[i][0] for i in rows], [states[i] for i in rows])
+            return self._sample(logits, states, dec[1] + 1, greedy)
+        logits, rows, ends = self._general_step(out, states, starts)
+        return self._sample(logits, [states[i] for i in rows], ends)
 
     def collect(self, h: StepHandle) -> tuple[list[int], list[Logprobs | None] | None]:
-        """Wait for a launched step; its sampled ids (and logprobs) as Python lists."""
-        return self.sampling.collect(h)
+        """Wait for a launched step; its sampled ids (and logprobs) as Python lists. Each
+        request's host-side tokens grow by what it sampled."""
+        sampled, logprobs = self.sampling.collect(h)
+        for st, tok in zip(h.states, sampled, strict=True):
+            st.token_ids.append(tok)
+        return sampled, logprobs
 
     def _decode_step(
         self,
@@ -188,11 +198,12 @@ class ModelRunner:
         return self.model.compute_logits(hidden), None
 
     def _general_step(
-        self, out: SchedulerOutput, states: list[ReqState]
-    ) -> tuple[torch.Tensor | None, list[int]]:
-        """Prefill chunks and mixed batches; returns logits of the rows to sample. Eager, or
-        through the piecewise graphs of the token bucket that holds the step."""
-        gb = self.inputs.general_batch(out, states, self._prev_rows, self.block_size)
+        self, out: SchedulerOutput, states: list[ReqState], starts: list[int]
+    ) -> tuple[torch.Tensor | None, list[int], np.ndarray]:
+        """Prefill chunks and mixed batches; returns logits of the rows to sample, those rows
+        and their sampled tokens' positions. Eager, or through the piecewise graphs of the token
+        bucket that holds the step."""
+        gb = self.inputs.general_batch(out, states, starts, self._prev_rows, self.block_size)
         total, qsl, rows = gb.total, gb.qsl, gb.rows
         pw = self.piecewise if self.use_cuda_graphs else None
         bucket = pw.bucket(total) if pw is not None else None
@@ -224,21 +235,22 @@ class ModelRunner:
             hidden = pw.run(bucket, attend)
         else:
             hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
+        ends = gb.seq_lens[rows]
         if last is None:
-            return None, rows
-        return self.model.compute_logits(hidden[last]), rows
+            return None, rows, ends
+        return self.model.compute_logits(hidden[last]), rows, ends
 
     # -- sampling -----------------------------------------------------------------------------
 
     def _sample(
         self,
         logits: torch.Tensor | None,
-        reqs: list[Request],
         states: list[ReqState],
+        positions: np.ndarray,
         greedy: torch.Tensor | None = None,
     ) -> StepHandle:
         """Sample on the device and start copying the result to the host; the sampled ids stay
-        on the device for the next step's inputs."""
-        self._prev_rows = {r.key: i for i, r in enumerate(reqs)}
-        handle, self._prev_sampled = self.sampling.sample(logits, reqs, states, greedy)
+        on the device for the next step's inputs. ``positions``: each row's sampled token's."""
+        self._prev_rows = {st.req_id: i for i, st in enumerate(states)}
+        handle, self._prev_sampled = self.sampling.sample(logits, states, positions, greedy)
         return handle

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from fulcrum.config import KernelConfig
-from fulcrum.engine.protocol import WireSamplingParams
-from fulcrum.model.layers.dispatch import DEFAULT, use_triton
+from fulcrum.kernels.dispatch import DEFAULT, use_triton
+from fulcrum.protocol import WireSamplingParams
 from fulcrum.sampling_params import SamplingParams
 
 _PAD = -1  # placeholder in padded token-id tensors; remapped to an extra vocab column
@@ -122,7 +122,7 @@ def sample_fused(
     keys = random_keys(len(params))
     for i, p in enumerate(params):
         if p.seed is not None:
-            keys[i] = seeded_key(p.seed, indices[i], positions[i])
+            keys[i] = seeded_key(p.seed, indices[i], int(positions[i]))
     rows = pack_params([[p.temperature, p.top_k, p.top_p, p.min_p] for p in params], keys)
     return sample_rows(logits, _to_device(rows, torch.int32, logits.device))
 

@@ -12,14 +12,14 @@ The runner keeps the sampled ids on the device: the next step's inputs are patch
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from fulcrum.config import KernelConfig
-from fulcrum.engine.protocol import Logprobs, WireSamplingParams
-from fulcrum.engine.request import Request
-from fulcrum.model.layers.dispatch import use_triton
+from fulcrum.kernels.dispatch import use_triton
+from fulcrum.protocol import Logprobs, WireSamplingParams
 from fulcrum.worker.input_batch import ReqState
 from fulcrum.worker.sampler import Sampler, SamplingMetadata, greedy_argmax, sample_fused
 
@@ -30,8 +30,8 @@ class StepHandle:
 
     sampled: torch.Tensor  # host tensor [num sampled rows]
     event: torch.cuda.Event | None  # set once the copies are done (None: already done)
+    states: list[ReqState]  # the sampled rows' requests
     logprobs: list[torch.Tensor] | None = None  # host (logprobs, ids, ranks)
-    reqs: list[Request] | None = None  # the sampled rows' requests (for logprobs)
 
 
 class StepSampler:
@@ -46,28 +46,28 @@ class StepSampler:
     def sample(
         self,
         logits: torch.Tensor | None,
-        reqs: list[Request],
         states: list[ReqState],
+        positions: Sequence[int],
         greedy: torch.Tensor | None = None,
     ) -> tuple[StepHandle, torch.Tensor | None]:
-        """The step's handle, and its sampled ids on the device (None: nothing sampled)."""
+        """The step's handle, and its sampled ids on the device (None: nothing sampled).
+        ``positions``: each row's sampled token's position."""
         if logits is None:  # prefill chunks only
-            return StepHandle(torch.empty(0, dtype=torch.int64), None), None
+            return StepHandle(torch.empty(0, dtype=torch.int64), None, []), None
         extra: list[torch.Tensor] = []
         kc = self.kernel_config
         if all(st.plain_greedy for st in states):
             sampled = greedy if greedy is not None else greedy_argmax(logits, None, kc)
         elif kc.fused_sampler and use_triton(logits, kc) and all(st.fused_sample for st in states):
             params = [st.params for st in states]
-            where = [r.num_computed_tokens for r in reqs]  # the sampled token's position
-            sampled = sample_fused(logits, params, [r.index for r in reqs], where)
+            sampled = sample_fused(logits, params, [st.index for st in states], positions)
         else:
-            result = self.sampler(logits.float(), self._metadata(reqs))
+            result = self.sampler(logits.float(), self._metadata(states))
             sampled = result.sampled_token_ids.to(torch.int64)
             if result.logprobs is not None:
                 extra = [result.logprobs, result.logprob_token_ids, result.sampled_ranks]
         host, event = self.to_host(sampled, *extra)
-        return StepHandle(host[0], event, host[1:] or None, reqs if extra else None), sampled
+        return StepHandle(host[0], event, states, host[1:] or None), sampled
 
     def collect(self, h: StepHandle) -> tuple[list[int], list[Logprobs | None] | None]:
         """Wait for a launched step; its sampled ids (and logprobs) as Python lists."""
@@ -77,8 +77,7 @@ class StepSampler:
         if h.logprobs is None:
             return sampled, None
         lps, ids, ranks = (t.tolist() for t in h.logprobs)
-        assert h.reqs is not None
-        return sampled, self._logprobs(h.reqs, lps, ids, ranks)
+        return sampled, self._logprobs(h.states, lps, ids, ranks)
 
     def warm(self, logits: torch.Tensor) -> None:
         """Launch the sort-free sampler on ``logits``, so that its kernels compile at start-up
@@ -98,28 +97,30 @@ class StepSampler:
         event.record()
         return outs, event
 
-    def _metadata(self, reqs: list[Request]) -> SamplingMetadata:
-        for r in reqs:
-            if r.params.seed is not None and r.generator is None:
-                r.generator = torch.Generator(device=self.device).manual_seed(
-                    r.params.seed + r.index
+    def _metadata(self, states: list[ReqState]) -> SamplingMetadata:
+        for st in states:
+            if st.params.seed is not None and st.generator is None:
+                st.generator = torch.Generator(device=self.device).manual_seed(
+                    st.params.seed + st.index
                 )
         return SamplingMetadata.build(
-            [r.params for r in reqs],
-            [r.generator for r in reqs],
-            [r.output_token_ids for r in reqs],
-            [r.prompt_token_ids for r in reqs],
+            [st.params for st in states],
+            [st.generator for st in states],
+            [st.output_token_ids for st in states],
+            [st.prompt_token_ids for st in states],
             self.vocab_size,
             self.device,
         )
 
     @staticmethod
-    def _logprobs(reqs: list[Request], lps: list, ids: list, ranks: list) -> list[Logprobs | None]:
+    def _logprobs(
+        states: list[ReqState], lps: list, ids: list, ranks: list
+    ) -> list[Logprobs | None]:
         out: list[Logprobs | None] = []
-        for i, r in enumerate(reqs):
-            if r.params.logprobs is None:
+        for i, st in enumerate(states):
+            if st.params.logprobs is None:
                 out.append(None)
                 continue
-            k = r.params.logprobs
+            k = st.params.logprobs
             out.append(Logprobs(lps[i][0], ranks[i], ids[i][1 : k + 1], lps[i][1 : k + 1]))
         return out

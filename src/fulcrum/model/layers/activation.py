@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from fulcrum.config import KernelConfig
-from fulcrum.model.layers.dispatch import DEFAULT, use_triton
+from fulcrum.kernels.dispatch import DEFAULT, use_triton
 
 
 def silu_and_mul(x: torch.Tensor, kc: KernelConfig = DEFAULT) -> torch.Tensor:

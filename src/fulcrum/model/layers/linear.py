@@ -10,8 +10,8 @@ from torch import nn
 
 from fulcrum.config import KernelConfig
 from fulcrum.kernels import GEMV_MAX_M
+from fulcrum.kernels.dispatch import Configured, use_triton
 from fulcrum.model.layers.activation import silu_and_mul
-from fulcrum.model.layers.dispatch import Configured, use_triton
 from fulcrum.model.layers.norm import RMSNorm
 
 

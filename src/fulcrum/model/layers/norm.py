@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fulcrum.model.layers.dispatch import Configured, use_triton
+from fulcrum.kernels.dispatch import Configured, use_triton
 
 
 class RMSNorm(Configured, nn.Module):

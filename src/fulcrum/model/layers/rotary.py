@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from fulcrum.model.layers.dispatch import Configured, use_triton
+from fulcrum.kernels.dispatch import Configured, use_triton
 
 
 def _rope_params(config) -> dict:

@@ -10,6 +10,7 @@ dictionary stays available (``to_dict``) for the rare path that needs the real c
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 # Defaults of transformers' LlamaConfig / MistralConfig / Qwen2Config where a config.json
@@ -64,3 +65,23 @@ def transformers_config(config: Any):
 
     raw = config.to_dict()
     return AutoConfig.for_model(raw.pop("model_type"), **raw)
+
+
+def generation_eos_token_ids(*model_dirs: str | None) -> set[int]:
+    """The EOS ids of the first ``generation_config.json`` found in ``model_dirs`` (a file path
+    stands for its directory). Chat models list their end-of-turn tokens there, beside the
+    ``config.json`` EOS (Llama 3 Instruct: ``<|eot_id|>``), and generation stops on any of them."""
+    for path in model_dirs:
+        if not path:
+            continue
+        folder = path if os.path.isdir(path) else os.path.dirname(path)
+        file = os.path.join(folder, "generation_config.json")
+        if not os.path.isfile(file):
+            continue
+        try:
+            with open(file) as fh:
+                eos = json.load(fh).get("eos_token_id")
+        except (OSError, json.JSONDecodeError, AttributeError) as e:
+            raise ValueError(f"model: cannot read {file!r}: {e}") from None
+        return set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return set()

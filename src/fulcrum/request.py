@@ -1,13 +1,12 @@
-"""Engine-side request state: one ``Request`` per generated sequence (n > 1 makes n of them)."""
+"""A sequence as the scheduler tracks it: one ``Request`` per generated sequence (n > 1 makes n of
+them). It stays the scheduler's: the runner learns what it needs from ``SchedulerOutput``."""
 
 from __future__ import annotations
 
 import enum
 import time
 
-import torch
-
-from fulcrum.engine.protocol import WireSamplingParams
+from fulcrum.protocol import WireSamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -70,8 +69,7 @@ class Request:
         self.parent = parent  # n > 1: the sibling whose prefill this one shares
         self.num_preemptions = 0
         self.stop_reason: int | None = None
-        # Seeded requests get their own generator (made on the model's device by the runner).
-        self.generator: torch.Generator | None = None
+        self.num_runner_blocks = 0  # leading blocks of its table the runner has been sent
         # Sampling needs no host-side history (penalties, min_tokens), so the next step can be
         # scheduled before this one's token is known.
         self.overlap_safe = (

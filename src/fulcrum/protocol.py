@@ -8,46 +8,62 @@ the ``RequestOutput`` objects users see are made on the frontend side (``output_
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from typing import Any
+
 import msgspec
 
+from fulcrum.sampling_params import SamplingParams
 
-class WireSamplingParams(msgspec.Struct, omit_defaults=True):
-    """SamplingParams as sent to the core (the fields the core needs)."""
-
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    max_tokens: int = 16
-    min_tokens: int = 0
-    stop_token_ids: list[int] = []
-    ignore_eos: bool = False
-    logprobs: int | None = None
+# The ``SamplingParams`` fields the core reads; text-level ones (stop strings, detokenization)
+# stay on the frontend. Types and defaults come from ``SamplingParams`` itself, except where
+# the wire holds a resolved value: ``max_tokens`` is resolved against the context limit and
+# the token-id sets travel as lists.
+CORE_FIELDS = (
+    "n temperature top_p top_k min_p presence_penalty frequency_penalty repetition_penalty seed "
+    "max_tokens min_tokens stop_token_ids ignore_eos logprobs all_stop_token_ids"
+).split()
+_WIRE_TYPES: dict[str, tuple[Any, Any]] = {
+    "max_tokens": (int, 16),
+    "stop_token_ids": (list[int], msgspec.field(default_factory=list)),
     # Set by the core: the model's EOS ids (min_tokens masks them, ignore_eos skips them).
-    all_stop_token_ids: list[int] = []
+    "all_stop_token_ids": (list[int], msgspec.field(default_factory=list)),
+}
 
+
+class _WireBase(msgspec.Struct, omit_defaults=True):
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature == 0.0  # type: ignore[attr-defined]
 
 
-_WIRE_FIELDS = (
-    "n temperature top_p top_k min_p presence_penalty frequency_penalty repetition_penalty seed "
-    "min_tokens ignore_eos logprobs"
-).split()
+def _wire_fields() -> list[tuple[str, Any, Any]]:
+    hints = typing.get_type_hints(SamplingParams)
+    defaults = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+    return [
+        (name, *_WIRE_TYPES.get(name, (hints[name], defaults[name]))) for name in CORE_FIELDS
+    ]
 
 
-def to_wire(params, max_tokens: int) -> WireSamplingParams:
-    """The core's view of a ``SamplingParams`` (text-level fields such as ``stop`` stay on the
-    frontend); ``max_tokens`` is resolved by the caller against the context limit."""
-    fields = {f: getattr(params, f) for f in _WIRE_FIELDS}
-    stop_ids = list(params.stop_token_ids or [])
-    return WireSamplingParams(**fields, max_tokens=max(1, max_tokens), stop_token_ids=stop_ids)
+WireSamplingParams = msgspec.defstruct(
+    "WireSamplingParams",
+    _wire_fields(),
+    bases=(_WireBase,),
+    module=__name__,
+    omit_defaults=True,
+)
+WireSamplingParams.__doc__ = "SamplingParams as sent to the core: its ``CORE_FIELDS``."
+
+
+def to_wire(params: SamplingParams, max_tokens: int) -> WireSamplingParams:
+    """The core's view of a ``SamplingParams``; ``max_tokens`` is resolved by the caller against
+    the context limit."""
+    fields = {f: getattr(params, f) for f in CORE_FIELDS}
+    fields["max_tokens"] = max(1, max_tokens)
+    fields["stop_token_ids"] = list(params.stop_token_ids or [])
+    fields["all_stop_token_ids"] = sorted(params.all_stop_token_ids)
+    return WireSamplingParams(**fields)
 
 
 class EngineCoreRequest(msgspec.Struct, omit_defaults=True):

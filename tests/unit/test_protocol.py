@@ -1,0 +1,36 @@
+"""The wire's sampling parameters are ``SamplingParams``' core fields, and survive msgpack."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+
+from fulcrum.protocol import CORE_FIELDS, EngineCoreRequest, WireSamplingParams, to_wire
+from fulcrum.sampling_params import SamplingParams
+
+
+def test_wire_fields_follow_sampling_params():
+    assert WireSamplingParams.__struct_fields__ == tuple(CORE_FIELDS)
+    user = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
+    wire = WireSamplingParams()
+    resolved = {"stop_token_ids": [], "all_stop_token_ids": []}  # None / empty set as lists
+    for name in CORE_FIELDS:
+        assert getattr(wire, name) == resolved.get(name, user[name]), name
+
+
+def test_to_wire_round_trips_through_msgpack():
+    sp = SamplingParams(
+        n=2, temperature=0.7, top_p=0.8, top_k=5, min_p=0.1, presence_penalty=0.5,
+        frequency_penalty=-0.5, repetition_penalty=1.2, seed=3, min_tokens=2,
+        stop_token_ids=[9, 4], ignore_eos=True, logprobs=3,
+    )
+    wire = to_wire(sp, max_tokens=0)
+    assert wire.max_tokens == 1  # resolved by the caller, never below one
+    for name in CORE_FIELDS:
+        if name not in ("max_tokens", "all_stop_token_ids"):
+            assert getattr(wire, name) == getattr(sp, name), name
+    req = EngineCoreRequest("r", [1, 2], wire)
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(req), type=EngineCoreRequest)
+    assert back == req and not back.sampling_params.greedy
+    assert to_wire(SamplingParams(temperature=0.0), 4).greedy
