@@ -97,7 +97,8 @@ def test_fuzz_responses_match_the_schema(server: Server) -> None:
     from schemathesis import checks
     from schemathesis.core.failures import FailureGroup
 
-    schema = schemathesis.openapi.from_url(server.base_url + "/openapi.json")
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    schema = schemathesis.openapi.from_url(server.base_url + "/openapi.json", headers=headers)
     conformance = [
         checks.not_a_server_error,
         checks.status_code_conformance,
@@ -105,7 +106,6 @@ def test_fuzz_responses_match_the_schema(server: Server) -> None:
         checks.response_schema_conformance,
         checks.response_headers_conformance,
     ]
-    headers = {"Authorization": f"Bearer {API_KEY}"}
     failures: list[str] = []
     calls = 0
     t0 = time.monotonic()
