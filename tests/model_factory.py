@@ -6,7 +6,7 @@ import torch
 
 
 def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) -> str:
-    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | mistral) to ``path``."""
+    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | mistral) to ``path``."""
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
@@ -14,6 +14,8 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
         MistralForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
     )
 
     common = dict(
@@ -41,12 +43,20 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
         cls = LlamaForCausalLM
     elif arch == "qwen2":
         cfg, cls = Qwen2Config(**common, tie_word_embeddings=False), Qwen2ForCausalLM
+    elif arch == "qwen3":
+        cfg = Qwen3Config(**common, head_dim=32, tie_word_embeddings=False)
+        cls = Qwen3ForCausalLM
     elif arch == "mistral":
         cfg, cls = MistralConfig(**common, sliding_window=None), MistralForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
+    if arch == "qwen3":  # make the q/k norm weights matter
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.normal_(1, 0.5)
+                layer.self_attn.k_norm.weight.normal_(1, 0.5)
     if arch == "qwen2":  # make the qkv bias matter
         with torch.no_grad():
             for layer in model.model.layers:

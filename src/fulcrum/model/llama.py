@@ -41,11 +41,19 @@ class ModelArgs:
     qkv_bias: bool
     tie_word_embeddings: bool
     max_position: int
+    # Qwen3: an RMSNorm over each head of q and of k, before rotary.
+    qk_norm: bool = False
 
     @classmethod
     def from_hf(cls, c, max_position: int) -> ModelArgs:
         n_heads = c.num_attention_heads
         arch = (getattr(c, "architectures", None) or [""])[0]
+        if getattr(c, "use_sliding_window", False):
+            # Qwen2/Qwen3 sliding-window layers: the attention here is full on every layer.
+            raise ValueError(
+                "use_sliding_window: sliding-window attention is not supported for "
+                f"{arch or 'this model'}; set it to false."
+            )
         return cls(
             vocab_size=c.vocab_size,
             hidden_size=c.hidden_size,
@@ -58,6 +66,7 @@ class ModelArgs:
             qkv_bias=bool(getattr(c, "attention_bias", False)) or arch.startswith("Qwen2"),
             tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
             max_position=max_position,
+            qk_norm=arch.startswith("Qwen3"),
         )
 
 
@@ -77,6 +86,9 @@ class Attention(Configured, nn.Module):
         self.o_proj = _linear(self.q_size, a.hidden_size, False, quant)
         self.rope = rope
         self.backend = backend
+        if a.qk_norm:
+            self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps)
+            self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps)
 
     def project(
         self, norm, x, residual, positions, kv_cache, slot_mapping
@@ -87,7 +99,8 @@ class Attention(Configured, nn.Module):
         own kernel where it can (one row on CUDA), else by the backend after it."""
         a = self.a
         fused = None
-        if x.shape[0] == 1:  # a one-row decode step
+        # The one-row kernel applies rotary straight after the GEMV: no room for q/k norms.
+        if x.shape[0] == 1 and not a.qk_norm:  # a one-row decode step
             rope = RopeKV(
                 positions, getattr(self.rope, "cos_sin_cache", None), kv_cache, slot_mapping,
                 a.num_heads, a.num_kv_heads, a.head_dim,
@@ -98,6 +111,8 @@ class Attention(Configured, nn.Module):
         q = q.view(-1, a.num_heads, a.head_dim)
         k = k.view(-1, a.num_kv_heads, a.head_dim)
         v = v.view(-1, a.num_kv_heads, a.head_dim)
+        if a.qk_norm:
+            q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
         if fused is None:
             q, k = self.backend.rope_and_write_kv(
                 self.rope, positions, q, k, v, kv_cache, slot_mapping

@@ -10,6 +10,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": LlamaForCausalLM,  # + per-head q/k RMSNorm (ModelArgs.qk_norm)
 }
 
 
