@@ -6,13 +6,15 @@ import torch
 
 
 def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) -> str:
-    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | mistral) to ``path``."""
+    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | mistral) to ``path``."""
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
         Qwen2Config,
+        Phi3Config,
+        Phi3ForCausalLM,
         Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
@@ -46,6 +48,22 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
     elif arch == "qwen3":
         cfg = Qwen3Config(**common, head_dim=32, tie_word_embeddings=False)
         cls = Qwen3ForCausalLM
+    elif arch == "phi3":
+        # LongRoPE with a short pretraining length: decode steps of the longer prompts cross it,
+        # so both factor sets are exercised (prompts themselves stay below it, where
+        # transformers and a per-position switch agree).
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.1, 1.2, 1.3, 1.5, 1.8, 2.0, 2.5],
+            "long_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 16.0],
+            "original_max_position_embeddings": 64,
+        }
+        cfg = Phi3Config(
+            **common, rope_parameters=rope, original_max_position_embeddings=64,
+            tie_word_embeddings=False, pad_token_id=0,
+        )  # fmt: skip
+        cls = Phi3ForCausalLM
     elif arch == "mistral":
         cfg, cls = MistralConfig(**common, sliding_window=None), MistralForCausalLM
     else:

@@ -54,6 +54,13 @@ class ModelArgs:
                 "use_sliding_window: sliding-window attention is not supported for "
                 f"{arch or 'this model'}; set it to false."
             )
+        window = getattr(c, "sliding_window", None)
+        if getattr(c, "use_sliding_window", None) is None and window and max_position > window:
+            # Mistral / Phi-3 windows: exact only while no sequence can outgrow the window.
+            raise ValueError(
+                f"sliding_window: {arch or 'this model'} attends within {window} tokens, which "
+                f"this attention does not honour; use max_model_len <= {window}."
+            )
         return cls(
             vocab_size=c.vocab_size,
             hidden_size=c.hidden_size,
@@ -297,7 +304,15 @@ class LlamaForCausalLM(nn.Module):
                 owner.weight_loader(tensor, 0 if offset is None else offset[0])  # quantizes
             else:
                 dst.copy_(tensor)
-            loaded.add(f"{target}#{offset}")
+            if offset is None and ".weight" in target and (
+                ".qkv_proj." in target or ".gate_up_proj." in target
+            ):
+                # A checkpoint with the projection already fused (Phi-3) fills every shard.
+                fused = ".qkv_proj." if ".qkv_proj." in target else ".gate_up_proj."
+                n = 3 if fused == ".qkv_proj." else 2
+                loaded.update(f"{target}#{self._shard_offsets(fused, i)}" for i in range(n))
+            else:
+                loaded.add(f"{target}#{offset}")
         return loaded
 
     def expected_weight_count(self) -> int:

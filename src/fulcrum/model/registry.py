@@ -10,6 +10,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Phi3ForCausalLM": LlamaForCausalLM,  # checkpoint's qkv/gate_up already fused; LongRoPE
     "Qwen3ForCausalLM": LlamaForCausalLM,  # + per-head q/k RMSNorm (ModelArgs.qk_norm)
 }
 
