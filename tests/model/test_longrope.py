@@ -37,4 +37,3 @@ def test_phi3_longrope_crosses_original_length(tiny_models):
         llm = LLM(tiny_models["phi3"], dtype="float32", device="cpu", **kwargs)
         out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
         assert out[0].outputs[0].token_ids == ref, kwargs
-

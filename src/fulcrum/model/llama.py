@@ -304,8 +304,10 @@ class LlamaForCausalLM(nn.Module):
                 owner.weight_loader(tensor, 0 if offset is None else offset[0])  # quantizes
             else:
                 dst.copy_(tensor)
-            if offset is None and ".weight" in target and (
-                ".qkv_proj." in target or ".gate_up_proj." in target
+            if (
+                offset is None
+                and ".weight" in target
+                and (".qkv_proj." in target or ".gate_up_proj." in target)
             ):
                 # A checkpoint with the projection already fused (Phi-3) fills every shard.
                 fused = ".qkv_proj." if ".qkv_proj." in target else ".gate_up_proj."

@@ -22,9 +22,12 @@ def _rope_params(config) -> dict:
     params["rope_type"] = params.get("rope_type", params.get("type", "default")) or "default"
     if params["rope_type"] == "su":  # Phi-3's first name for LongRoPE
         params["rope_type"] = "longrope"
-    partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    if partial not in (None, 1.0):
-        raise ValueError(f"partial_rotary_factor: {partial} is not supported (1.0 only).")
+    for partial in (
+        params.get("partial_rotary_factor"),
+        getattr(config, "partial_rotary_factor", None),
+    ):
+        if partial not in (None, 1.0):
+            raise ValueError(f"partial_rotary_factor: {partial} is not supported (1.0 only).")
     return params
 
 
@@ -58,7 +61,9 @@ def _longrope(config, params: dict, head_dim: int, long: bool) -> tuple[torch.Te
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     key = "long_factor" if long else "short_factor"
     if len(params.get(key) or []) != head_dim // 2:
-        raise ValueError(f"rope_scaling: longrope {key} must list head_dim / 2 = {head_dim // 2} values.")
+        raise ValueError(
+            f"rope_scaling: longrope {key} must list head_dim / 2 = {head_dim // 2} values."
+        )
     ext = torch.tensor(params[key], dtype=torch.float32)
     shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     return 1.0 / (ext * params["rope_theta"] ** shape), float(attention)
