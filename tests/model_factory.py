@@ -6,8 +6,12 @@ import torch
 
 
 def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) -> str:
-    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | mistral) to ``path``."""
+    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mistral) to ``path``."""
     from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
         LlamaConfig,
         LlamaForCausalLM,
         MistralConfig,
@@ -64,6 +68,25 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
             tie_word_embeddings=False, pad_token_id=0,
         )  # fmt: skip
         cls = Phi3ForCausalLM
+    elif arch == "gemma2":
+        # A window shorter than the prompts and caps small enough to bend the scores.
+        cfg = Gemma2Config(
+            **common, head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
+            attn_logit_softcapping=3.0, final_logit_softcapping=4.0, tie_word_embeddings=True,
+        )  # fmt: skip
+        cls = Gemma2ForCausalLM
+    elif arch == "gemma3":
+        common3 = {**common, "num_hidden_layers": 3}
+        rope = {
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        }
+        cfg = Gemma3TextConfig(
+            **common3, head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            rope_parameters=rope, tie_word_embeddings=True,
+        )  # fmt: skip
+        cls = Gemma3ForCausalLM
     elif arch == "mistral":
         cfg, cls = MistralConfig(**common, sliding_window=None), MistralForCausalLM
     else:
@@ -75,6 +98,11 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
             for layer in model.model.layers:
                 layer.self_attn.q_norm.weight.normal_(1, 0.5)
                 layer.self_attn.k_norm.weight.normal_(1, 0.5)
+    if arch.startswith("gemma"):  # (1 + weight) norms start at zero weights
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.normal_(0, 0.3)
     if arch == "qwen2":  # make the qkv bias matter
         with torch.no_grad():
             for layer in model.model.layers:

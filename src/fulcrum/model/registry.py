@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from torch import nn
 
+from fulcrum.model.gemma import GemmaForCausalLM
 from fulcrum.model.llama import LlamaForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
+    "Gemma2ForCausalLM": GemmaForCausalLM,
+    "Gemma3ForCausalLM": GemmaForCausalLM,  # text only
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,

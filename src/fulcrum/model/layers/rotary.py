@@ -34,9 +34,11 @@ def _rope_params(config) -> dict:
 def compute_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
     params = _rope_params(config)
     rope_type = params["rope_type"]
-    if rope_type in ("default", "llama3"):
+    if rope_type in ("default", "llama3", "linear"):
         base = params["rope_theta"]
         inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        if rope_type == "linear":  # positions divided by ``factor``
+            return inv / params["factor"], 1.0
         return (_llama3_scaled(inv, params) if rope_type == "llama3" else inv), 1.0
     if rope_type == "longrope":
         return _longrope(config, params, head_dim, long=False)
