@@ -6,7 +6,7 @@ import torch
 
 
 def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) -> str:
-    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mistral) to ``path``."""
+    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mixtral | mistral) to ``path``."""
     from transformers import (
         Gemma2Config,
         Gemma2ForCausalLM,
@@ -16,6 +16,8 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen2Config,
@@ -87,6 +89,12 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
             rope_parameters=rope, tie_word_embeddings=True,
         )  # fmt: skip
         cls = Gemma3ForCausalLM
+    elif arch == "mixtral":
+        cfg = MixtralConfig(
+            **{**common, "intermediate_size": 48}, num_local_experts=4, num_experts_per_tok=2,
+            sliding_window=None, tie_word_embeddings=False,
+        )  # fmt: skip
+        cls = MixtralForCausalLM
     elif arch == "mistral":
         cfg, cls = MistralConfig(**common, sliding_window=None), MistralForCausalLM
     else:

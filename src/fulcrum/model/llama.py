@@ -184,14 +184,17 @@ class DecoderLayer(Configured, nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, a: ModelArgs, hf_config, backend: AttentionBackend, quant: QuantMethod | None = None
+        self,
+        a: ModelArgs,
+        hf_config,
+        backend: AttentionBackend,
+        quant: QuantMethod | None = None,
+        layer_cls: type[nn.Module] = DecoderLayer,  # moe.py: the mixture-of-experts layer
     ) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         rope = RotaryEmbedding(hf_config, a.head_dim, a.max_position)
-        self.layers = nn.ModuleList(
-            DecoderLayer(a, rope, backend, quant) for _ in range(a.num_layers)
-        )
+        self.layers = nn.ModuleList(layer_cls(a, rope, backend, quant) for _ in range(a.num_layers))
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
     def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
