@@ -6,7 +6,7 @@ import torch
 
 
 def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) -> str:
-    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mixtral | mistral) to ``path``."""
+    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mixtral | qwen3_moe | mistral) to ``path``."""
     from transformers import (
         Gemma2Config,
         Gemma2ForCausalLM,
@@ -24,6 +24,8 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
         Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
     common = dict(
@@ -95,13 +97,19 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
             sliding_window=None, tie_word_embeddings=False,
         )  # fmt: skip
         cls = MixtralForCausalLM
+    elif arch == "qwen3_moe":
+        cfg = Qwen3MoeConfig(
+            **common, head_dim=32, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+            norm_topk_prob=False, tie_word_embeddings=False,
+        )  # fmt: skip
+        cls = Qwen3MoeForCausalLM
     elif arch == "mistral":
         cfg, cls = MistralConfig(**common, sliding_window=None), MistralForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
-    if arch == "qwen3":  # make the q/k norm weights matter
+    if arch.startswith("qwen3"):  # make the q/k norm weights matter
         with torch.no_grad():
             for layer in model.model.layers:
                 layer.self_attn.q_norm.weight.normal_(1, 0.5)

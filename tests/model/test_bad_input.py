@@ -100,6 +100,7 @@ def _edited(src: str, dst, **fields) -> str:
         ("mistral", dict(sliding_window=32), "sliding_window"),
         ("llama", dict(rope_parameters={"rope_type": "nonsense", "rope_theta": 1e4}), "rope_"),
         ("phi3", dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
+        ("qwen3_moe", dict(mlp_only_layers=[1]), "mlp_only_layers"),
     ],
 )
 def test_unhandled_config_fields_fail_at_load(tiny_models, tmp_path, arch, fields, field):

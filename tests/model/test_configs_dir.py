@@ -18,9 +18,13 @@ ENTRIES = sorted(f for f in os.listdir(CONFIGS_DIR) if f.endswith(".json"))
 
 
 def test_new_entries_present():
-    assert {"qwen3-8b.json", "phi-3-mini.json", "gemma-3-12b.json", "mixtral-8x7b.json"} <= set(
-        ENTRIES
-    )
+    assert {
+        "qwen3-8b.json",
+        "phi-3-mini.json",
+        "gemma-3-12b.json",
+        "mixtral-8x7b.json",
+        "qwen3-30b-a3b.json",
+    } <= set(ENTRIES)
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

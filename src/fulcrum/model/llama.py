@@ -73,7 +73,7 @@ class ModelArgs:
             qkv_bias=bool(getattr(c, "attention_bias", False)) or arch.startswith("Qwen2"),
             tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
             max_position=max_position,
-            qk_norm=arch.startswith("Qwen3"),
+            qk_norm=arch.startswith("Qwen3"),  # Qwen3 and Qwen3Moe
         )
 
 

@@ -1,7 +1,9 @@
-"""Mixtral: the Llama decoder with a sparse mixture-of-experts MLP (torch reference routing).
+"""Mixtral and Qwen3-MoE: the Llama decoder with a sparse mixture-of-experts MLP (torch
+reference routing).
 
 Each token's router logits pick its top-k experts; their softmax weights (taken over all
-experts, in float32) are renormalised over the k and cast back, as transformers does. The
+experts, in float32) are renormalised over the k (Mixtral; Qwen3-MoE where ``norm_topk_prob``)
+and cast back, as transformers does. The
 experts' gate and up projections are stacked as ``w13`` ``[E, 2I, H]`` and the down
 projections as ``w2`` ``[E, H, I]``: the layout a fused grouped-GEMM kernel reads.
 """
@@ -30,11 +32,17 @@ from fulcrum.quant.base import QuantMethod
 class MoEArgs(ModelArgs):
     num_experts: int = 8
     top_k: int = 2
+    moe_intermediate: int = 0
+    norm_topk: bool = True
+    moe_attr: str = "block_sparse_moe"  # the checkpoint's module name: Qwen3-MoE's is "mlp"
 
 
 class SparseMoE(nn.Module):
-    def __init__(self, hidden: int, inter: int, num_experts: int, top_k: int) -> None:
+    def __init__(
+        self, hidden: int, inter: int, num_experts: int, top_k: int, norm_topk: bool
+    ) -> None:
         super().__init__()
+        self.norm_topk = norm_topk
         self.gate = Linear(hidden, num_experts, bias=False)
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, inter))
@@ -43,7 +51,9 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(self.gate(x).float(), dim=-1)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
-        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        if self.norm_topk:
+            weights = weights / weights.sum(-1, keepdim=True)
+        weights = weights.to(x.dtype)
         return moe_reference(x, self.w13, self.w2, weights, experts)
 
 
@@ -78,18 +88,22 @@ class MoEDecoderLayer(DecoderLayer):
             raise ValueError("quantization: mixture-of-experts models run unquantized for now.")
         self.self_attn = Attention(a, rope, backend, quant)
         assert isinstance(a, MoEArgs)
-        self.block_sparse_moe = SparseMoE(
-            a.hidden_size, a.intermediate_size, a.num_experts, a.top_k
-        )
+        moe = SparseMoE(a.hidden_size, a.moe_intermediate, a.num_experts, a.top_k, a.norm_topk)
+        setattr(self, a.moe_attr, moe)
+        self.moe = a.moe_attr
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
     def after_attention(self, o, residual):
         h, residual = self.post_attention_layernorm(self.self_attn.o_proj(o), residual)
-        return self.block_sparse_moe(h), residual
+        return getattr(self, self.moe)(h), residual
 
 
-_EXPERT = re.compile(r"(.*\.block_sparse_moe\.)experts\.(\d+)\.(w1|w2|w3)\.weight$")
+_EXPERT = re.compile(
+    r"(.*\.(?:block_sparse_moe|mlp)\.)experts\.(\d+)\."
+    r"(w1|w2|w3|gate_proj|down_proj|up_proj)\.weight$"
+)
+_GATE = ("w1", "gate_proj")  # the first half of w13; w3 / up_proj the second
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
@@ -102,11 +116,23 @@ class MixtralForCausalLM(LlamaForCausalLM):
         kernel_config: KernelConfig = DEFAULT,
     ) -> None:
         nn.Module.__init__(self)
-        base = ModelArgs.from_hf(hf_config, max_position)
+        c = hf_config
+        base = ModelArgs.from_hf(c, max_position)
+        qwen = c.architectures[0].startswith("Qwen3Moe")
+        if qwen and (
+            getattr(c, "mlp_only_layers", None) or getattr(c, "decoder_sparse_step", 1) != 1
+        ):
+            raise ValueError(
+                "mlp_only_layers / decoder_sparse_step: dense layers among the sparse ones are "
+                "not supported; every layer must be a mixture of experts."
+            )
         self.args = MoEArgs(
             **{f: getattr(base, f) for f in ModelArgs.__dataclass_fields__},
-            num_experts=hf_config.num_local_experts,
-            top_k=hf_config.num_experts_per_tok,
+            num_experts=getattr(c, "num_local_experts", None) or c.num_experts,
+            top_k=c.num_experts_per_tok,
+            moe_intermediate=c.moe_intermediate_size if qwen else c.intermediate_size,
+            norm_topk=bool(getattr(c, "norm_topk_prob", False)) if qwen else True,
+            moe_attr="mlp" if qwen else "block_sparse_moe",
         )
         self.backend = backend
         self.model = LlamaModel(self.args, hf_config, backend, quant, MoEDecoderLayer)
@@ -120,7 +146,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
         the Llama family's."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
-        inter = self.args.intermediate_size
+        inter = self.args.moe_intermediate
 
         def dense() -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in weights:
@@ -129,14 +155,15 @@ class MixtralForCausalLM(LlamaForCausalLM):
                     yield name, tensor
                     continue
                 prefix, e, w = m.group(1), int(m.group(2)), m.group(3)
-                target = prefix + ("w2" if w == "w2" else "w13")
+                down = w in ("w2", "down_proj")
+                target = prefix + ("w2" if down else "w13")
                 if target not in params or e >= self.args.num_experts:
                     raise ValueError(
                         f"model weights: unexpected tensor {name!r} in the checkpoint."
                     )
                 dst = params[target].data[e]
-                if w != "w2":
-                    dst = dst.narrow(0, 0 if w == "w1" else inter, inter)
+                if not down:
+                    dst = dst.narrow(0, 0 if w in _GATE else inter, inter)
                 if tuple(dst.shape) != tuple(tensor.shape):
                     raise ValueError(
                         f"model weights: tensor {name!r} has shape {tuple(tensor.shape)}, "

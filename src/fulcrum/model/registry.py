@@ -16,6 +16,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "MixtralForCausalLM": MixtralForCausalLM,  # torch reference expert routing
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Phi3ForCausalLM": LlamaForCausalLM,  # checkpoint's qkv/gate_up already fused; LongRoPE
+    "Qwen3MoeForCausalLM": MixtralForCausalLM,  # + per-head q/k RMSNorm
     "Qwen3ForCausalLM": LlamaForCausalLM,  # + per-head q/k RMSNorm (ModelArgs.qk_norm)
 }
 
