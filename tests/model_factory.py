@@ -6,14 +6,26 @@ import torch
 
 
 def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) -> str:
-    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | mistral) to ``path``."""
+    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mixtral | qwen3_moe | mistral) to ``path``."""
     from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
         LlamaConfig,
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
     common = dict(
@@ -41,12 +53,72 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
         cls = LlamaForCausalLM
     elif arch == "qwen2":
         cfg, cls = Qwen2Config(**common, tie_word_embeddings=False), Qwen2ForCausalLM
+    elif arch == "qwen3":
+        cfg = Qwen3Config(**common, head_dim=32, tie_word_embeddings=False)
+        cls = Qwen3ForCausalLM
+    elif arch == "phi3":
+        # LongRoPE with a short pretraining length: decode steps of the longer prompts cross it,
+        # so both factor sets are exercised (prompts themselves stay below it, where
+        # transformers and a per-position switch agree).
+        rope = {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.1, 1.2, 1.3, 1.5, 1.8, 2.0, 2.5],
+            "long_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0, 12.0, 16.0],
+            "original_max_position_embeddings": 64,
+        }
+        cfg = Phi3Config(
+            **common, rope_parameters=rope, original_max_position_embeddings=64,
+            tie_word_embeddings=False, pad_token_id=0,
+        )  # fmt: skip
+        cls = Phi3ForCausalLM
+    elif arch == "gemma2":
+        # A window shorter than the prompts and caps small enough to bend the scores.
+        cfg = Gemma2Config(
+            **common, head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
+            attn_logit_softcapping=3.0, final_logit_softcapping=4.0, tie_word_embeddings=True,
+        )  # fmt: skip
+        cls = Gemma2ForCausalLM
+    elif arch == "gemma3":
+        common3 = {**common, "num_hidden_layers": 3}
+        rope = {
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        }
+        cfg = Gemma3TextConfig(
+            **common3, head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            rope_parameters=rope, tie_word_embeddings=True,
+        )  # fmt: skip
+        cls = Gemma3ForCausalLM
+    elif arch == "mixtral":
+        cfg = MixtralConfig(
+            **{**common, "intermediate_size": 48}, num_local_experts=4, num_experts_per_tok=2,
+            sliding_window=None, tie_word_embeddings=False,
+        )  # fmt: skip
+        cls = MixtralForCausalLM
+    elif arch == "qwen3_moe":
+        cfg = Qwen3MoeConfig(
+            **common, head_dim=32, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+            norm_topk_prob=False, tie_word_embeddings=False,
+        )  # fmt: skip
+        cls = Qwen3MoeForCausalLM
     elif arch == "mistral":
         cfg, cls = MistralConfig(**common, sliding_window=None), MistralForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
+    if arch.startswith("qwen3"):  # make the q/k norm weights matter
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.normal_(1, 0.5)
+                layer.self_attn.k_norm.weight.normal_(1, 0.5)
+    if arch.startswith("gemma"):  # (1 + weight) norms start at zero weights
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.normal_(0, 0.3)
     if arch == "qwen2":  # make the qkv bias matter
         with torch.no_grad():
             for layer in model.model.layers:

@@ -152,3 +152,19 @@ def test_decode_reads_before_the_wait_give_the_same_rows(num_splits: int) -> Non
     )
     torch.testing.assert_close(outs[0][rows], ref, atol=2e-5, rtol=1e-4)
     assert (outs[0][1:4] == 7.0).all()
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize(("window", "softcap"), [(6, None), (None, 0.5), (20, 0.7)])
+def test_decode_window_and_softcap_match_ref(
+    num_splits: int, window: int | None, softcap: float | None
+) -> None:
+    """Windows shorter and longer than the contexts, over several splits; soft-capped scores."""
+    g = torch.Generator().manual_seed(5 + num_splits)
+    seq_lens = [1, 37, 16, 70]
+    cache, meta = make_paged_batch(seq_lens, [1] * 4, 2, 64, 4, generator=g)
+    q = torch.randn(4, 4, 64, generator=g)
+    args = (q, cache, meta.block_tables, meta.seq_lens, 0.125)
+    out = decode_attention(*args, num_splits=num_splits, window=window, softcap=softcap)
+    ref = decode_attention_ref(*args, window=window, softcap=softcap)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)

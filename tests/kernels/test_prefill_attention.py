@@ -52,8 +52,10 @@ def test_prefill_work_lists_each_query_block_once_heaviest_first() -> None:
     qsl, seq_lens = [0, 1, 6, 6, 15], [10, 21, 3, 9]
     work = prefill_work(qsl, seq_lens, 4, skip_decode=True)
     assert sorted(map(tuple, work.tolist())) == [(1, 0), (1, 1), (3, 0), (3, 1), (3, 2)]
-    keys = [seq_lens[b] - (qsl[b + 1] - qsl[b]) + min(4 * (j + 1), qsl[b + 1] - qsl[b])
-            for b, j in work.tolist()]
+    keys = [
+        seq_lens[b] - (qsl[b + 1] - qsl[b]) + min(4 * (j + 1), qsl[b + 1] - qsl[b])
+        for b, j in work.tolist()
+    ]
     assert keys == sorted(keys, reverse=True)  # most keys first
     with_decode = prefill_work(qsl, seq_lens, 4, skip_decode=False).tolist()
     assert [0, 0] in with_decode and len(with_decode) == 6
@@ -72,3 +74,18 @@ def test_prefill_fp8_cache_matches_ref(page_size: int, head_dim: int) -> None:
     out = prefill_attention(*args, meta.max_query_len, 0.125)
     ref = prefill_attention_ref(*args, 0.125)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(5, None), (None, 0.5), (9, 0.7)])
+def test_prefill_window_and_softcap_match_ref(window: int | None, softcap: float | None) -> None:
+    """Sliding windows shorter than the chunks and the prefixes, soft-capped scores (Gemma)."""
+    g = torch.Generator().manual_seed(7)
+    seq_lens, query_lens = BATCH
+    cache, meta = make_paged_batch(seq_lens, query_lens, 2, 64, 4, generator=g)
+    q = torch.randn(meta.num_tokens, 4, 64, generator=g)
+    args = (q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc)
+    out = prefill_attention(*args, meta.max_query_len, 0.125, window=window, softcap=softcap)
+    ref = prefill_attention_ref(*args, 0.125, window=window, softcap=softcap)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    if window:  # the window changes the answer
+        assert not torch.allclose(ref, prefill_attention_ref(*args, 0.125, softcap=softcap))

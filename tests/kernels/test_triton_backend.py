@@ -58,3 +58,23 @@ def test_triton_backend_matches_torch(
 
 def test_registry_finds_triton_backend() -> None:
     assert get_backend_cls("triton", torch.device("cpu")) is TritonAttentionBackend
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(("window", "softcap"), [(6, None), (None, 0.6), (4, 0.8)])
+def test_triton_backend_window_softcap_matches_torch(
+    case: str, window: int | None, softcap: float | None
+) -> None:
+    """Per-layer copies (``for_layer``) with a sliding window and a score cap (Gemma 2/3)."""
+    seq_lens, query_lens, pad = CASES[case]
+    g = torch.Generator().manual_seed(len(case) + (window or 0))
+    cache, meta = make_paged_batch(seq_lens, query_lens, 2, 64, 4, num_pad_tokens=pad, generator=g)
+    t = meta.num_tokens
+    q, k, v = (torch.randn(t, h, 64, generator=g) for h in (4, 2, 2))
+    ref_cache = cache.clone()
+    base = TritonAttentionBackend(4, 2, 64, 0.125)
+    out = base.for_layer(0.2, window, softcap).forward(q, k, v, cache, meta)
+    ref = TorchAttentionBackend(4, 2, 64, 0.125).for_layer(0.2, window, softcap)
+    ref_out = ref.forward(q, k, v, ref_cache, meta)
+    assert base.sliding_window is None and base.scale == 0.125  # the shared one is untouched
+    torch.testing.assert_close(out[: t - pad], ref_out[: t - pad], atol=2e-5, rtol=1e-4)

@@ -83,3 +83,27 @@ def test_missing_and_corrupt_weights(tiny_models, tmp_path):
 def test_unknown_llm_argument():
     with pytest.raises(ValueError, match="max_num_seq"):
         LLM(max_num_seq=4)
+
+
+def _edited(src: str, dst, **fields) -> str:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(fields)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return str(dst)
+
+
+@pytest.mark.parametrize(
+    "arch, fields, field",
+    [
+        ("qwen3", dict(use_sliding_window=True, sliding_window=16), "use_sliding_window"),
+        ("mistral", dict(sliding_window=32), "sliding_window"),
+        ("llama", dict(rope_parameters={"rope_type": "nonsense", "rope_theta": 1e4}), "rope_"),
+        ("phi3", dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
+        ("qwen3_moe", dict(mlp_only_layers=[1]), "mlp_only_layers"),
+    ],
+)
+def test_unhandled_config_fields_fail_at_load(tiny_models, tmp_path, arch, fields, field):
+    d = _edited(tiny_models[arch], tmp_path / arch, **fields)
+    with pytest.raises(ValueError, match=field):
+        LLM(d, device="cpu", max_model_len=64)

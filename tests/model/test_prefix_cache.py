@@ -25,7 +25,10 @@ def _workloads(rng: random.Random, vocab: int):
     return shared, partial
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+# gemma2/gemma3: sliding windows (8 tokens) over reused prefixes. Not phi3: these prompts
+# pass its tiny LongRoPE pretraining length, where transformers' generate switches a whole
+# prompt to the long factors and fulcrum switches per position (test_longrope.py).
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2", "gemma3"])
 def test_cache_on_off_identical_tiny(tiny_models, arch):
     rng = random.Random(3)
     shared, partial = _workloads(rng, 320)

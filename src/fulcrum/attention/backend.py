@@ -20,6 +20,7 @@ Token ``p`` of request ``i`` lives in block ``block_tables[i, p // block_size]``
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,6 +90,11 @@ class AttentionBackend(ABC):
     """
 
     name: str = "abstract"
+    # Per-layer variants (Gemma 2/3), set on a layer's copy by ``for_layer``: a query at
+    # position p sees keys p - window < j <= p; scores s become cap * tanh(s / cap).
+    sliding_window: int | None = None
+    logit_softcap: float | None = None
+    supports_window_softcap: bool = False
 
     def __init__(
         self,
@@ -104,6 +110,26 @@ class AttentionBackend(ABC):
         self.scale = scale
         # the engine's kernel switches (the model replaces it with its own at construction)
         self.kernel_config = kernel_config if kernel_config is not None else KernelConfig()
+
+    def for_layer(
+        self, scale: float, sliding_window: int | None, logit_softcap: float | None
+    ) -> AttentionBackend:
+        """A copy for one layer with its own scale, window and soft-cap (sharing this
+        backend's scratch). A backend whose kernels do not apply a window or a cap refuses
+        them, naming the field, rather than attend without them."""
+        if sliding_window and not self.supports_window_softcap:
+            raise ValueError(
+                f"sliding_window: the {self.name!r} attention backend does not apply sliding "
+                "windows yet; use attention_backend='torch'."
+            )
+        if logit_softcap and not self.supports_window_softcap:
+            raise ValueError(
+                f"attn_logit_softcapping: the {self.name!r} attention backend does not "
+                "soft-cap scores yet; use attention_backend='torch'."
+            )
+        b = copy.copy(self)
+        b.scale, b.sliding_window, b.logit_softcap = scale, sliding_window, logit_softcap
+        return b
 
     def forward(
         self,

@@ -82,9 +82,11 @@ def gather_kv(
     return k[..., :length, :, :], v[..., :length, :, :]
 
 
-def _plan(meta: AttentionMetadata, device: torch.device) -> dict:
-    """Split the batch into one decode group and per-request prefills (cached on ``meta``)."""
-    plan = meta.backend_cache.get("torch_ref")
+def _plan(meta: AttentionMetadata, device: torch.device, window: int | None = None) -> dict:
+    """Split the batch into one decode group and per-request prefills (cached on ``meta``, one
+    plan per sliding window: the window narrows the masks)."""
+    key = "torch_ref" if not window else ("torch_ref", window)
+    plan = meta.backend_cache.get(key)
     if plan is not None:
         return plan
     qsl, seq_lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
@@ -93,12 +95,15 @@ def _plan(meta: AttentionMetadata, device: torch.device) -> dict:
     if dec:
         max_len = max(seq_lens[i] for i in dec)
         lens = torch.tensor([seq_lens[i] for i in dec], device=device)
+        cols = torch.arange(max_len, device=device)[None, :]
+        seen = cols < lens[:, None]
+        if window:  # the query is at lens - 1
+            seen &= cols > lens[:, None] - 1 - window
         plan["decode"] = (
             torch.tensor(dec, device=device),
             torch.tensor([qsl[i] for i in dec], device=device),
             max_len,
-            (torch.arange(max_len, device=device)[None, :] < lens[:, None])[:, None, None, :],
-            # mask: [B, 1, 1, L], True where the key exists
+            seen[:, None, None, :],  # mask: [B, 1, 1, L], True where the key is seen
         )
     for i in range(meta.num_reqs):
         start, end = qsl[i], qsl[i + 1]
@@ -107,11 +112,32 @@ def _plan(meta: AttentionMetadata, device: torch.device) -> dict:
             continue
         prefix = length - qlen
         mask = None
-        if prefix:  # row j (position prefix + j) sees keys 0..prefix + j
+        if prefix or window:  # row j (position prefix + j) sees keys 0..prefix + j
             mask = torch.ones(qlen, length, dtype=torch.bool, device=device).tril(prefix)
-        plan["prefill"].append((i, start, end, length, mask))
-    meta.backend_cache["torch_ref"] = plan
+            if window:  # ... and only the last ``window`` of them
+                mask &= ~torch.ones_like(mask).tril(prefix - window)
+        plan["prefill"].append((i, start, end, length, mask, prefix > 0))
+    meta.backend_cache[key] = plan
     return plan
+
+
+def _sdpa(q, k, v, mask, causal: bool, scale: float, softcap: float | None, gqa: bool = False):
+    """SDPA, or with ``softcap`` the same product written out (SDPA has no score hook)."""
+    if not softcap:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa
+        )
+    if gqa:
+        g = q.shape[-3] // k.shape[-3]
+        k, v = _expand(k, g), _expand(v, g)
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = torch.tanh(s / softcap) * softcap
+    if causal:
+        mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s.float(), dim=-1).to(q.dtype)
+    return torch.matmul(p, v)
 
 
 def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -132,38 +158,44 @@ class TorchAttentionBackend(AttentionBackend):
         super().__init__(num_heads, num_kv_heads, head_dim, scale, kernel_config)
         self._scratch = GatherScratch()  # decode K/V, [B, L, Hkv, D], shared by the layers
 
+    supports_window_softcap = True
+
     def write_kv(self, k, v, kv_cache, slot_mapping) -> None:
         write_kv(k, v, kv_cache, slot_mapping)
 
     def attend(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         out = torch.empty_like(q)
-        plan = _plan(meta, q.device)
+        plan = _plan(meta, q.device, self.sliding_window)
         groups = self.num_heads // self.num_kv_heads
+        cap = self.logit_softcap
         if plan["decode"] is not None:
             idx, tok, max_len, mask = plan["decode"]
             kk, vv = gather_kv(kv_cache, meta.block_tables[idx], max_len, self._scratch, q.dtype)
-            o = F.scaled_dot_product_attention(
+            o = _sdpa(
                 q[tok].unsqueeze(2),  # [B, H, 1, D]
                 kk.transpose(1, 2).to(q.dtype),
                 vv.transpose(1, 2).to(q.dtype),
-                attn_mask=mask,
-                scale=self.scale,
-                enable_gqa=groups > 1,
+                mask,
+                False,
+                self.scale,
+                cap,
+                gqa=groups > 1,
             )
             out[tok] = o.squeeze(2)
-        for i, start, end, length, mask in plan["prefill"]:
-            if mask is None:  # nothing cached before this chunk: plain causal attention
+        for i, start, end, length, mask, cached in plan["prefill"]:
+            if not cached:  # nothing cached before this chunk: its own rows
                 kk, vv = k[start:end], v[start:end]
             else:
                 kk, vv = gather_kv(kv_cache, meta.block_tables[i], length, dtype=q.dtype)
             # 4-D contiguous inputs with expanded KV heads take SDPA's fast CPU kernel.
-            o = F.scaled_dot_product_attention(
+            o = _sdpa(
                 q[start:end].transpose(0, 1).unsqueeze(0).contiguous(),
                 _expand(kk.transpose(0, 1).to(q.dtype), groups).unsqueeze(0).contiguous(),
                 _expand(vv.transpose(0, 1).to(q.dtype), groups).unsqueeze(0).contiguous(),
-                attn_mask=mask,
-                is_causal=mask is None,
-                scale=self.scale,
+                mask,
+                mask is None,
+                self.scale,
+                cap,
             )
             out[start:end] = o[0].transpose(0, 1)
         return out

@@ -44,6 +44,8 @@ def _workspace(device: torch.device) -> DecodeWorkspace:
 
 @register_backend("triton")
 class TritonAttentionBackend(AttentionBackend):
+    supports_window_softcap = True
+
     @staticmethod
     def _plan(
         q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
@@ -111,6 +113,8 @@ class TritonAttentionBackend(AttentionBackend):
                 order=order,
                 cfg=kc.attention,
                 pdl_cfg=kc.pdl,
+                window=self.sliding_window,
+                softcap=self.logit_softcap,
             )
         if work is not None:
             prefill_attention(
@@ -125,5 +129,7 @@ class TritonAttentionBackend(AttentionBackend):
                 skip_decode=has_decode,
                 work=work,
                 pdl_cfg=kc.pdl,
+                window=self.sliding_window,
+                softcap=self.logit_softcap,
             )
         return out

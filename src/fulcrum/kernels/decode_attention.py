@@ -101,6 +101,8 @@ def _decode_split_kernel(
     part_out_ptr,  # [R, Hq, S, D] fp32
     part_lse_ptr,  # [R, Hq, S] fp32
     scale_log2,
+    window,  # keys j >= seq_len - window only (read when WINDOW)
+    softcap,  # scores cap * tanh(s / cap) (read when SOFTCAP)
     stride_qt,
     stride_qh,
     stride_ot,
@@ -130,6 +132,8 @@ def _decode_split_kernel(
     V_TOKEN_MAJOR: tl.constexpr,  # V blocks [kv_head, d, page] (FP8); BLOCK_N % PAGE_SIZE == 0
     PRE_WAIT: tl.constexpr,  # read the step's inputs and the first tile's blocks before the wait
     PDL: tl.constexpr,
+    WINDOW: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False,
 ):
     if not PRE_WAIT:
         pdl.wait(PDL)
@@ -170,9 +174,14 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
+    lo = start
+    if WINDOW:  # start at the tile holding the window's first key: every tile run has one
+        lo = tl.maximum(start, (tl.maximum(seq_len - window, 0) // BLOCK_N) * BLOCK_N)
+    for n0 in range(lo, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
+        if WINDOW:
+            mask_n &= offs_n >= seq_len - window
         if PRE_WAIT:  # the first tile's blocks were read before the wait
             first = n0 == start
             blk = tl.load(bt_row + offs_n // PAGE_SIZE, mask=mask_n & ~first, other=0)
@@ -186,6 +195,9 @@ def _decode_split_kernel(
         if FP8_MODE != 2:
             k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        if SOFTCAP:  # s is in log2 units: cap the natural score, tanh through the sigmoid
+            x = s * 0.6931471805599453
+            s = (2.0 * tl.sigmoid(2.0 * x / softcap) - 1.0) * softcap * 1.4426950408889634
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -336,8 +348,11 @@ def decode_attention(
     min_split_tokens: int | None = None,  # None: cfg.min_split_tokens on CUDA, 0 elsewhere
     cfg: AttentionKernelConfig = DEFAULT_CONFIG,
     pdl_cfg: PdlConfig = pdl.DEFAULT,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Attention of each single-token request's query over its whole paged context.
+    """Attention of each single-token request's query over its whole paged context (its last
+    ``window`` keys with a window; scores soft-capped as ``softcap * tanh(s / softcap)``).
 
     Only rows of requests whose query length is 1 are written; other rows of ``out`` are left
     as they were (so a mixed batch can run this and the prefill kernel into one ``out``).
@@ -381,6 +396,8 @@ def decode_attention(
         part_out,
         part_lse,
         scale * math.log2(math.e),
+        window or 0,
+        softcap or 0.0,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -410,6 +427,8 @@ def decode_attention(
         V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
         PRE_WAIT=small,
         PDL=m,
+        WINDOW=bool(window),
+        SOFTCAP=bool(softcap),
         num_warps=tiles["num_warps"],
         num_stages=tiles["num_stages"],
         maxnreg=tiles.get("maxnreg"),
@@ -447,6 +466,8 @@ def decode_attention_ref(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Plain torch version of :func:`decode_attention` (row b = request b), computed in fp32."""
     page = kv_cache.shape[2]
@@ -459,5 +480,9 @@ def decode_attention_ref(
         k = k.repeat_interleave(num_heads // num_kv_heads, dim=1)
         v = v.repeat_interleave(num_heads // num_kv_heads, dim=1)
         s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale
+        if softcap:
+            s = torch.tanh(s / softcap) * softcap
+        if window:
+            s[:, : max(n - window, 0)] = float("-inf")
         out[b] = torch.einsum("hn,nhd->hd", s.softmax(-1), v).to(q.dtype)
     return out

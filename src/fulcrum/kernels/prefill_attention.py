@@ -86,6 +86,8 @@ def _prefill_kernel(
     qsl_ptr,
     work_ptr,
     scale_log2,
+    window,  # keys p - window < j <= p (read when WINDOW)
+    softcap,  # scores cap * tanh(s / cap) (read when SOFTCAP)
     stride_qt,
     stride_qh,
     stride_ot,
@@ -105,6 +107,8 @@ def _prefill_kernel(
     COMPUTE: tl.constexpr,  # tl.float16 for an FP8 cache widened to fp16
     V_TOKEN_MAJOR: tl.constexpr,  # V blocks [kv_head, d, page] (FP8); BLOCK_N % PAGE_SIZE == 0
     PDL: tl.constexpr,
+    WINDOW: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False,
 ):
     pdl.wait(PDL)
     item = tl.program_id(0)
@@ -135,7 +139,10 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     hi = tl.minimum(seq_len, prefix + q0 + BLOCK_Q)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
-    for n0 in range(0, hi, BLOCK_N):
+    lo = 0
+    if WINDOW:  # tiles before the first row's window hold no visible key
+        lo = (tl.maximum(prefix + q0 - window + 1, 0) // BLOCK_N) * BLOCK_N
+    for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi
         blk = tl.load(bt_row + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
@@ -144,12 +151,20 @@ def _prefill_kernel(
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(COMPUTE)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        if SOFTCAP:  # s is in log2 units: cap the natural score, tanh through the sigmoid
+            x = s * 0.6931471805599453
+            s = (2.0 * tl.sigmoid(2.0 * x / softcap) - 1.0) * softcap * 1.4426950408889634
         # Key 0 is visible to every row, so no row's running max stays -inf after tile 0.
         visible = mask_n[None, :] & (offs_n[None, :] <= pos[:, None])
+        if WINDOW:  # ... except with a window: a row may see nothing in the first tiles
+            visible &= offs_n[None, :] > pos[:, None] - window
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_use = m_new
+        if WINDOW:  # a row with nothing visible yet: exp2(-inf - -inf) would be NaN
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if V_TOKEN_MAJOR:
             v = load_v_token_major(
@@ -161,6 +176,8 @@ def _prefill_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
+    if WINDOW:  # padding rows (past the chunk) may have seen no key
+        l_i = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_i[:, None]
     o_off = q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(
@@ -215,8 +232,13 @@ def prefill_attention(
     skip_decode: bool = False,
     work: torch.Tensor | None = None,
     pdl_cfg: PdlConfig = pdl.DEFAULT,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new chunk over its cached prefix plus the chunk.
+
+    ``window``: a query at position p sees keys p - window < j <= p only. ``softcap``: scores
+    s (after the scale) become ``softcap * tanh(s / softcap)``.
 
     With ``skip_decode`` the rows of single-token requests are left untouched (for a caller that
     sends them to :func:`~fulcrum.kernels.decode_attention.decode_attention`). ``work`` is
@@ -254,6 +276,8 @@ def prefill_attention(
         query_start_loc,
         work,
         scale * math.log2(math.e),
+        window or 0,
+        softcap or 0.0,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -273,6 +297,8 @@ def prefill_attention(
         COMPUTE=tl.float16 if fp16 else compute_dtype(q, kv_cache),
         V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
         PDL=m,
+        WINDOW=bool(window),
+        SOFTCAP=bool(softcap),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         **pdl.launch_options(m),
@@ -287,6 +313,8 @@ def prefill_attention_ref(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Plain torch version of :func:`prefill_attention`, computed in fp32."""
     page = kv_cache.shape[2]
@@ -301,7 +329,13 @@ def prefill_attention_ref(
         k = kv_cache[0][blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)
         v = v_rows(kv_cache)[blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)
         s = torch.einsum("thd,nhd->htn", q[start:end].float(), k) * scale
+        if softcap:
+            s = torch.tanh(s / softcap) * softcap
         pos = torch.arange(n - (end - start), n, device=q.device)
-        s = s.masked_fill(torch.arange(n, device=q.device)[None, :] > pos[:, None], float("-inf"))
+        keys = torch.arange(n, device=q.device)[None, :]
+        hidden = keys > pos[:, None]
+        if window:
+            hidden |= keys <= pos[:, None] - window
+        s = s.masked_fill(hidden, float("-inf"))
         out[start:end] = torch.einsum("htn,nhd->thd", s.softmax(-1), v).to(q.dtype)
     return out

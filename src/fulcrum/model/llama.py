@@ -41,11 +41,26 @@ class ModelArgs:
     qkv_bias: bool
     tie_word_embeddings: bool
     max_position: int
+    # Qwen3: an RMSNorm over each head of q and of k, before rotary.
+    qk_norm: bool = False
 
     @classmethod
     def from_hf(cls, c, max_position: int) -> ModelArgs:
         n_heads = c.num_attention_heads
         arch = (getattr(c, "architectures", None) or [""])[0]
+        if getattr(c, "use_sliding_window", False):
+            # Qwen2/Qwen3 sliding-window layers: the attention here is full on every layer.
+            raise ValueError(
+                "use_sliding_window: sliding-window attention is not supported for "
+                f"{arch or 'this model'}; set it to false."
+            )
+        window = getattr(c, "sliding_window", None)
+        if getattr(c, "use_sliding_window", None) is None and window and max_position > window:
+            # Mistral / Phi-3 windows: exact only while no sequence can outgrow the window.
+            raise ValueError(
+                f"sliding_window: {arch or 'this model'} attends within {window} tokens, which "
+                f"this attention does not honour; use max_model_len <= {window}."
+            )
         return cls(
             vocab_size=c.vocab_size,
             hidden_size=c.hidden_size,
@@ -58,6 +73,7 @@ class ModelArgs:
             qkv_bias=bool(getattr(c, "attention_bias", False)) or arch.startswith("Qwen2"),
             tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
             max_position=max_position,
+            qk_norm=arch.startswith("Qwen3"),  # Qwen3 and Qwen3Moe
         )
 
 
@@ -77,6 +93,9 @@ class Attention(Configured, nn.Module):
         self.o_proj = _linear(self.q_size, a.hidden_size, False, quant)
         self.rope = rope
         self.backend = backend
+        if a.qk_norm:
+            self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps)
+            self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps)
 
     def project(
         self, norm, x, residual, positions, kv_cache, slot_mapping
@@ -87,7 +106,8 @@ class Attention(Configured, nn.Module):
         own kernel where it can (one row on CUDA), else by the backend after it."""
         a = self.a
         fused = None
-        if x.shape[0] == 1:  # a one-row decode step
+        # The one-row kernel applies rotary straight after the GEMV: no room for q/k norms.
+        if x.shape[0] == 1 and not a.qk_norm:  # a one-row decode step
             rope = RopeKV(
                 positions, getattr(self.rope, "cos_sin_cache", None), kv_cache, slot_mapping,
                 a.num_heads, a.num_kv_heads, a.head_dim,
@@ -98,6 +118,8 @@ class Attention(Configured, nn.Module):
         q = q.view(-1, a.num_heads, a.head_dim)
         k = k.view(-1, a.num_kv_heads, a.head_dim)
         v = v.view(-1, a.num_kv_heads, a.head_dim)
+        if a.qk_norm:
+            q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
         if fused is None:
             q, k = self.backend.rope_and_write_kv(
                 self.rope, positions, q, k, v, kv_cache, slot_mapping
@@ -162,14 +184,17 @@ class DecoderLayer(Configured, nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, a: ModelArgs, hf_config, backend: AttentionBackend, quant: QuantMethod | None = None
+        self,
+        a: ModelArgs,
+        hf_config,
+        backend: AttentionBackend,
+        quant: QuantMethod | None = None,
+        layer_cls: type[nn.Module] = DecoderLayer,  # moe.py: the mixture-of-experts layer
     ) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         rope = RotaryEmbedding(hf_config, a.head_dim, a.max_position)
-        self.layers = nn.ModuleList(
-            DecoderLayer(a, rope, backend, quant) for _ in range(a.num_layers)
-        )
+        self.layers = nn.ModuleList(layer_cls(a, rope, backend, quant) for _ in range(a.num_layers))
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
     def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
@@ -282,7 +307,17 @@ class LlamaForCausalLM(nn.Module):
                 owner.weight_loader(tensor, 0 if offset is None else offset[0])  # quantizes
             else:
                 dst.copy_(tensor)
-            loaded.add(f"{target}#{offset}")
+            if (
+                offset is None
+                and ".weight" in target
+                and (".qkv_proj." in target or ".gate_up_proj." in target)
+            ):
+                # A checkpoint with the projection already fused (Phi-3) fills every shard.
+                fused = ".qkv_proj." if ".qkv_proj." in target else ".gate_up_proj."
+                n = 3 if fused == ".qkv_proj." else 2
+                loaded.update(f"{target}#{self._shard_offsets(fused, i)}" for i in range(n))
+            else:
+                loaded.add(f"{target}#{offset}")
         return loaded
 
     def expected_weight_count(self) -> int:

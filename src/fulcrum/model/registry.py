@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from torch import nn
 
+from fulcrum.model.gemma import GemmaForCausalLM
 from fulcrum.model.llama import LlamaForCausalLM
+from fulcrum.model.moe import MixtralForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
+    "Gemma2ForCausalLM": GemmaForCausalLM,
+    "Gemma3ForCausalLM": GemmaForCausalLM,  # text only
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,  # torch reference expert routing
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Phi3ForCausalLM": LlamaForCausalLM,  # checkpoint's qkv/gate_up already fused; LongRoPE
+    "Qwen3MoeForCausalLM": MixtralForCausalLM,  # + per-head q/k RMSNorm
+    "Qwen3ForCausalLM": LlamaForCausalLM,  # + per-head q/k RMSNorm (ModelArgs.qk_norm)
 }
 
 
