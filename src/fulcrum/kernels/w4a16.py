@@ -5,7 +5,7 @@ once at load)::
 
     qweight  int32 [K / PACK, N]   PACK = 32 / BITS values of consecutive input rows k per word,
                                    row k at bits (k % PACK) * BITS of word k // PACK
-    zeros    uint8 [G, N]          zero point of group g = k // GROUP (G = K / GROUP)
+    zeros    uint8 [G, N]          (int16 where a zero is 256) zero point of group g = k // GROUP (G = K / GROUP)
     scales   fp16/bf16/fp32 [G, N]
     w[k, n] = (q[k, n] - zeros[g, n]) * scales[g, n]                 (fp32)
 
@@ -164,7 +164,11 @@ def _check(x, qweight, zeros, scales, group: int, bits: int) -> tuple[int, int, 
             f"group {group} do not fit"
         )
     g = k // group
-    assert zeros.shape == (g, n) and scales.shape == (g, n) and zeros.dtype == torch.uint8
+    assert (
+        zeros.shape == (g, n)
+        and scales.shape == (g, n)
+        and zeros.dtype in (torch.uint8, torch.int16)
+    )
     assert qweight.dtype == torch.int32 and qweight.stride(-1) == 1 and x.stride(-1) == 1
     return m, n, k
 
