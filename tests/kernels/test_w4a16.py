@@ -78,3 +78,36 @@ def test_bad_shapes_are_refused() -> None:
         w4a16.gemv(torch.zeros(1, 60), qw, z, s, None, 32)
     with pytest.raises(ValueError, match="do not fit"):
         w4a16.gemm(torch.zeros(1, 64), qw, z, s, None, 64, bits=3)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 20])  # the GEMV up to gemv.max_m rows, the GEMM above
+def test_layer_dispatch_runs_the_kernels(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """An act-order GPTQ layer through its Triton path (forced on the CPU): x's columns gathered
+    into the packed row order, then the GEMV or the GEMM; equal to the dequantized layer."""
+    import fulcrum.quant.int4 as int4
+    from fulcrum.quant import get_quant_method
+
+    gen = torch.Generator().manual_seed(rows)
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": 16, "desc_act": True, "sym": False}
+    lin = get_quant_method("gptq", qc).linear(32, 24, bias=True)
+    k, n, gs = 32, 24, 16
+    q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.int32)
+    g_idx = torch.empty(k, dtype=torch.int32)
+    g_idx[torch.randperm(k, generator=gen)] = (torch.arange(k) // gs).to(torch.int32)
+    zeros = torch.randint(0, 15, (k // gs, n), generator=gen, dtype=torch.int32)
+    lin.load_packed("qweight", w4a16.pack_rows(q, 4), None)
+    lin.load_packed("qzeros", w4a16.pack_rows(zeros.t().contiguous(), 4).t().contiguous(), None)
+    lin.load_packed("scales", (torch.rand(k // gs, n, generator=gen) * 0.1).half(), None)
+    lin.load_packed("g_idx", g_idx, None)
+    lin.bias.data.normal_(generator=gen)
+    lin.finish_loading()
+    assert lin.perm is not None
+    x = torch.randn(rows, k, generator=gen)
+    want = x @ lin.dequantized_weight().t() + lin.bias
+    called = []
+    for name in ("gemv", "gemm"):
+        real = getattr(w4a16, name)
+        monkeypatch.setattr(w4a16, name, lambda *a, _r=real, _n=name: called.append(_n) or _r(*a))
+    monkeypatch.setattr(int4, "use_triton", lambda x, kc: True)
+    torch.testing.assert_close(lin(x), want, rtol=1e-4, atol=1e-4)
+    assert called == ["gemv" if rows <= min(lin.kernel_config.gemv.max_m, 4) else "gemm"]

@@ -74,14 +74,20 @@ def reference_matmul(
 
 
 @triton.jit
-def _dequant_tile(qw_ptr, z_ptr, s_ptr, k, offs_n, mask_k, mask_n, k0, stride_q, stride_z,
-                  stride_s, GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+def _dequant_tile(qw_ptr, z_ptr, s_ptr, k, offs_n, mask_k, mask_n, k0, K, stride_q, stride_z,
+                  stride_s, GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_K: tl.constexpr,
+                  BLOCK_N: tl.constexpr):  # fmt: skip
     """Rows ``k`` x columns ``offs_n`` of the weight, dequantized to fp32 ``[BLOCK_K, BLOCK_N]``."""
     PACK: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
     mask = mask_k[:, None] & mask_n[None, :]
-    qw = tl.load(qw_ptr + (k // PACK)[:, None] * stride_q + offs_n[None, :], mask=mask, other=0)
-    q = (qw >> ((k % PACK) * BITS)[:, None]) & MASK
+    # Each packed word loaded once, then spread over its PACK rows: words [BLOCK_K / PACK, N]
+    # -> [BLOCK_K / PACK, PACK, N] -> rows k0 .. k0 + BLOCK_K (row-major: word i, value j).
+    rows = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+    mask_w = (rows < K // PACK)[:, None] & mask_n[None, :]
+    qw = tl.load(qw_ptr + rows[:, None] * stride_q + offs_n[None, :], mask=mask_w, other=0)
+    shifts = tl.arange(0, PACK) * BITS
+    q = tl.reshape((qw[:, None, :] >> shifts[None, :, None]) & MASK, [BLOCK_K, BLOCK_N])
     if GROUP % BLOCK_K == 0:  # the whole tile in one group: one row of zeros and scales
         g = k0 // GROUP
         z = tl.load(z_ptr + g * stride_z + offs_n, mask=mask_n, other=0).to(tl.int32)[None, :]
@@ -110,8 +116,8 @@ def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm
         mask_k = k < K
         x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + k[None, :],
                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
-        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k, offs_n, mask_k, mask_n, k0, stride_q,
-                          stride_z, stride_s, GROUP, BITS, BLOCK_K)  # fmt: skip
+        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k, offs_n, mask_k, mask_n, k0, K,
+                          stride_q, stride_z, stride_s, GROUP, BITS, BLOCK_K, BLOCK_N)  # fmt: skip
         if IEEE:  # fp32 activations: no TF32 rounding
             acc = tl.dot(x, w, acc, input_precision="ieee")
         else:
@@ -138,8 +144,8 @@ def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         mask_k = k < K
-        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k, offs_n, mask_k, mask_n, k0, stride_q,
-                          stride_z, stride_s, GROUP, BITS, BLOCK_K)  # fmt: skip
+        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k, offs_n, mask_k, mask_n, k0, K,
+                          stride_q, stride_z, stride_s, GROUP, BITS, BLOCK_K, BLOCK_N)  # fmt: skip
         if BLOCK_M == 1:
             xf = tl.load(x_ptr + k, mask=mask_k, other=0.0).to(tl.float32)
             acc1 += w * xf[:, None]
