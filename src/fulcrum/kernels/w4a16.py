@@ -25,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-GEMV_CONFIG = (64, 64, 4)  # (block_n, block_k, num_warps) on CUDA
-GEMM_CONFIG = (64, 128, 64, 4)  # (block_m, block_n, block_k, num_warps) on CUDA
+# (block_n, block_k, num_warps) on CUDA; not tuned (benchmarks/w4a16_bench.py sweeps them)
+GEMV_CONFIG = (32, 256, 4)
+GEMM_CONFIG = (64, 128, 64, 4)  # (block_m, block_n, block_k, num_warps) on CUDA; not tuned
 INTERPRET_GEMV_CONFIG = (16, 16, 1)
 INTERPRET_GEMM_CONFIG = (16, 16, 16, 1)
 
@@ -161,6 +162,13 @@ def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm
     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+def _fit_block_k(block_k: int, k: int, group: int) -> int:
+    """A K tile inside one group where the group is a power of two (one row of scales and zeros
+    per tile instead of one per weight row)."""
+    block_k = min(block_k, triton.next_power_of_2(k))
+    return group if group < block_k and group & (group - 1) == 0 else block_k
+
+
 def _check(x, qweight, zeros, scales, group: int, bits: int) -> tuple[int, int, int]:
     m, k = x.shape
     n = qweight.shape[1]
@@ -196,7 +204,7 @@ def gemv(
     if m == 0:
         return out
     block_n, block_k, warps = config or (GEMV_CONFIG if x.is_cuda else INTERPRET_GEMV_CONFIG)
-    block_k = min(block_k, triton.next_power_of_2(k))
+    block_k = max(32 // bits, _fit_block_k(block_k, k, group))
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, qweight, zeros, scales, bias if bias is not None else scales, out, m, n, k,
         x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), out.stride(0),
@@ -223,7 +231,7 @@ def gemm(
     if m == 0:
         return out
     bm, bn, bk, warps = config or (GEMM_CONFIG if x.is_cuda else INTERPRET_GEMM_CONFIG)
-    bk = max(16, min(bk, triton.next_power_of_2(k)))
+    bk = max(16, _fit_block_k(bk, k, group))
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     _gemm_kernel[grid](
         x, qweight, zeros, scales, bias if bias is not None else scales, out, m, n, k,
