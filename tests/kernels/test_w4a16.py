@@ -36,6 +36,7 @@ def test_pack_roundtrip_and_dequantize() -> None:
 
 CASES = [  # (m, k, n, group, bits, bias)
     (1, 64, 40, 16, 4, False),
+    (2, 64, 40, 32, 4, "mins"),  # GGUF Q4_1's additive term
     (3, 64, 48, 32, 4, True),
     (2, 96, 32, 96, 4, False),  # group -1: one group spanning K (not a multiple of the tile)
     (1, 32, 24, 8, 4, True),  # groups smaller than the K tile
@@ -49,24 +50,26 @@ def test_gemv_equals_reference(case) -> None:
     gen = torch.Generator().manual_seed(m * 1000 + k + n)
     qw, z, s, _ = _random_weight(k, n, group, bits, gen)
     x = torch.randn(m, k, generator=gen)
-    b = torch.randn(n, generator=gen) if bias else None
-    want = w4a16.reference_matmul(x, qw, z, s, b, group, bits)
+    b = torch.randn(n, generator=gen) if bias is True else None
+    mn = torch.randn(k // group, n, generator=gen).half() * 0.01 if bias == "mins" else None
+    want = w4a16.reference_matmul(x, qw, z, s, b, group, bits, mn)
     to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
-    y = w4a16.gemv(to(x), to(qw), to(z), to(s), to(b), group, bits)
+    y = w4a16.gemv(to(x), to(qw), to(z), to(s), to(b), group, bits, mins=to(mn))
     torch.testing.assert_close(y.cpu(), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("case", [(5, 64, 40, 16, 4, True), (17, 48, 32, 48, 4, False),
-                                  (9, 32, 24, 8, 8, True)])  # fmt: skip
+                                  (9, 32, 24, 8, 8, True), (6, 64, 16, 32, 4, "mins")])  # fmt: skip
 def test_gemm_equals_reference(case) -> None:
     m, k, n, group, bits, bias = case
     gen = torch.Generator().manual_seed(m * 1000 + k + n)
     qw, z, s, _ = _random_weight(k, n, group, bits, gen)
     x = torch.randn(m, k, generator=gen)
-    b = torch.randn(n, generator=gen) if bias else None
-    want = w4a16.reference_matmul(x, qw, z, s, b, group, bits)
+    b = torch.randn(n, generator=gen) if bias is True else None
+    mn = torch.randn(k // group, n, generator=gen).half() * 0.01 if bias == "mins" else None
+    want = w4a16.reference_matmul(x, qw, z, s, b, group, bits, mn)
     to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
-    y = w4a16.gemm(to(x), to(qw), to(z), to(s), to(b), group, bits)
+    y = w4a16.gemm(to(x), to(qw), to(z), to(s), to(b), group, bits, mins=to(mn))
     torch.testing.assert_close(y.cpu(), want, rtol=1e-4, atol=1e-4)
 
 

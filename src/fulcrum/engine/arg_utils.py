@@ -51,7 +51,8 @@ _HELP = {
     "GEMMs: half the weight bytes; GPUs of compute capability 8.9+, or the CPU). Checkpoints in "
     "full precision are quantized as they load; gptq or awq (weight-only 4-bit integers, 8-bit "
     "for gptq, kept packed; Triton W4A16 kernels on CUDA). A checkpoint whose config.json has a "
-    "gptq or awq quantization_config selects its method itself.",
+    "gptq or awq quantization_config selects its method itself; gguf (a GGUF file's Q4_0, Q4_1 "
+    "and Q8_0 projections kept packed for the same kernels; default: dequantized at load).",
     "kv_cache_dtype": "KV-cache storage: auto (the model's dtype) or fp8 (float8 e4m3, scale 1.0: "
     "half the bytes per token, so twice the tokens fit and decode reads half as much KV).",
     "enable_prefix_caching": "Reuse KV of shared prompt prefixes across requests (radix cache).",
@@ -148,7 +149,7 @@ class EngineArgs:
             choices = {
                 "async_scheduling": ["auto", "on", "off"],
                 "kv_cache_dtype": ["auto", "fp8"],
-                "quantization": ["none", "fp8", "gptq", "awq"],
+                "quantization": ["none", "fp8", "gptq", "awq", "gguf"],
             }.get(f.name)
             g.add_argument(
                 flag,
@@ -232,6 +233,10 @@ def _checkpoint_quant(quant: QuantMethod | None, mc: ModelConfig) -> QuantMethod
     read it), checked against the one requested; ``quant`` where the checkpoint has none."""
     from fulcrum.quant import get_quant_method
 
+    if quant is not None and quant.name == "gguf" and mc.load_format != "gguf":
+        raise ValueError(
+            f"quantization: gguf keeps a GGUF file's blocks packed; {mc.model!r} is not one."
+        )
     qc = getattr(mc.hf_config, "quantization_config", None)
     if not isinstance(qc, dict):
         if quant is not None and quant.name in _PACKED_METHODS and mc.load_format != "dummy":

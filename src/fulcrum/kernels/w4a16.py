@@ -7,7 +7,8 @@ once at load)::
                                    row k at bits (k % PACK) * BITS of word k // PACK
     zeros    uint8 [G, N]          (int16 where a zero is 256) zero point of group g = k // GROUP (G = K / GROUP)
     scales   fp16/bf16/fp32 [G, N]
-    w[k, n] = (q[k, n] - zeros[g, n]) * scales[g, n]                 (fp32)
+    mins     optional, as scales   (GGUF Q4_1's additive term; zeros then 0)
+    w[k, n] = (q[k, n] - zeros[g, n]) * scales[g, n] (+ mins[g, n])  (fp32)
 
 The weight is dequantized in registers right after its load, so memory holds and streams only
 the packed words (a quarter of bf16's bytes at 4 bits, plus one scale and zero per group).
@@ -52,12 +53,18 @@ def pack_rows(q: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def dequantize(
-    qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group: int, bits: int
+    qweight: torch.Tensor,
+    zeros: torch.Tensor,
+    scales: torch.Tensor,
+    group: int,
+    bits: int,
+    mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The weight ``[K, N]`` in fp32, computed as the kernels compute it (the torch path)."""
     q = unpack_rows(qweight, bits)
     g = torch.arange(q.shape[0], device=q.device) // group
-    return (q - zeros.to(torch.int32)[g]).float() * scales.float()[g]
+    w = (q - zeros.to(torch.int32)[g]).float() * scales.float()[g]
+    return w if mins is None else w + mins.float()[g]
 
 
 def reference_matmul(
@@ -68,16 +75,17 @@ def reference_matmul(
     bias: torch.Tensor | None,
     group: int,
     bits: int,
+    mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dequantize, then matmul in fp32: what both kernels must equal."""
-    y = x.float() @ dequantize(qweight, zeros, scales, group, bits)
+    y = x.float() @ dequantize(qweight, zeros, scales, group, bits, mins)
     return (y if bias is None else y + bias.float()).to(x.dtype)
 
 
 @triton.jit
-def _dequant_tile(qw_ptr, z_ptr, s_ptr, k, offs_n, mask_k, mask_n, k0, K, stride_q, stride_z,
-                  stride_s, GROUP: tl.constexpr, BITS: tl.constexpr, BLOCK_K: tl.constexpr,
-                  BLOCK_N: tl.constexpr):  # fmt: skip
+def _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K, stride_q, stride_z,
+                  stride_s, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_MIN: tl.constexpr,
+                  BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     """Rows ``k`` x columns ``offs_n`` of the weight, dequantized to fp32 ``[BLOCK_K, BLOCK_N]``."""
     PACK: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
@@ -93,17 +101,24 @@ def _dequant_tile(qw_ptr, z_ptr, s_ptr, k, offs_n, mask_k, mask_n, k0, K, stride
         g = k0 // GROUP
         z = tl.load(z_ptr + g * stride_z + offs_n, mask=mask_n, other=0).to(tl.int32)[None, :]
         s = tl.load(s_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        if HAS_MIN:
+            mn = tl.load(m_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0)[None, :]
     else:
         g = (k // GROUP)[:, None]
         z = tl.load(z_ptr + g * stride_z + offs_n[None, :], mask=mask, other=0).to(tl.int32)
         s = tl.load(s_ptr + g * stride_s + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
-    return (q - z).to(tl.float32) * s
+        if HAS_MIN:
+            mn = tl.load(m_ptr + g * stride_s + offs_n[None, :], mask=mask, other=0.0)
+    w = (q - z).to(tl.float32) * s
+    if HAS_MIN:
+        w += mn.to(tl.float32)
+    return w
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_q,
+def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_q,
                  stride_z, stride_s, stride_om, GROUP: tl.constexpr, BITS: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                 HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -117,8 +132,8 @@ def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm
         mask_k = k < K
         x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + k[None, :],
                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
-        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k, offs_n, mask_k, mask_n, k0, K,
-                          stride_q, stride_z, stride_s, GROUP, BITS, BLOCK_K, BLOCK_N)  # fmt: skip
+        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
+                          stride_q, stride_z, stride_s, GROUP, BITS, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
         if IEEE:  # fp32 activations: no TF32 rounding
             acc = tl.dot(x, w, acc, input_precision="ieee")
         else:
@@ -130,9 +145,9 @@ def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_q,
+def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_q,
                  stride_z, stride_s, stride_om, GROUP: tl.constexpr, BITS: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -145,8 +160,8 @@ def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         mask_k = k < K
-        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k, offs_n, mask_k, mask_n, k0, K,
-                          stride_q, stride_z, stride_s, GROUP, BITS, BLOCK_K, BLOCK_N)  # fmt: skip
+        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
+                          stride_q, stride_z, stride_s, GROUP, BITS, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
         if BLOCK_M == 1:
             xf = tl.load(x_ptr + k, mask=mask_k, other=0.0).to(tl.float32)
             acc1 += w * xf[:, None]
@@ -169,7 +184,7 @@ def _fit_block_k(block_k: int, k: int, group: int) -> int:
     return group if group < block_k and group & (group - 1) == 0 else block_k
 
 
-def _check(x, qweight, zeros, scales, group: int, bits: int) -> tuple[int, int, int]:
+def _check(x, qweight, zeros, scales, mins, group: int, bits: int) -> tuple[int, int, int]:
     m, k = x.shape
     n = qweight.shape[1]
     if bits not in (4, 8) or qweight.shape[0] * (32 // bits) != k or k % group:
@@ -183,6 +198,7 @@ def _check(x, qweight, zeros, scales, group: int, bits: int) -> tuple[int, int, 
         and scales.shape == (g, n)
         and zeros.dtype in (torch.uint8, torch.int16)
     )
+    assert mins is None or (mins.shape == scales.shape and mins.stride() == scales.stride())
     assert qweight.dtype == torch.int32 and qweight.stride(-1) == 1 and x.stride(-1) == 1
     return m, n, k
 
@@ -196,19 +212,21 @@ def gemv(
     group: int,
     bits: int = 4,
     config: tuple[int, int, int] | None = None,  # (block_n, block_k, num_warps)
+    mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(W) (+ bias)`` for a few rows of ``x``, in ``x``'s dtype."""
     x = x if x.stride(-1) == 1 else x.contiguous()
-    m, n, k = _check(x, qweight, zeros, scales, group, bits)
+    m, n, k = _check(x, qweight, zeros, scales, mins, group, bits)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
     block_n, block_k, warps = config or (GEMV_CONFIG if x.is_cuda else INTERPRET_GEMV_CONFIG)
     block_k = max(32 // bits, _fit_block_k(block_k, k, group))
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, qweight, zeros, scales, bias if bias is not None else scales, out, m, n, k,
+        x, qweight, zeros, scales, mins if mins is not None else scales,
+        bias if bias is not None else scales, out, m, n, k,
         x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), out.stride(0),
-        GROUP=group, BITS=bits, HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m),
+        GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
     )  # fmt: skip
     return out
@@ -223,10 +241,11 @@ def gemm(
     group: int,
     bits: int = 4,
     config: tuple[int, int, int, int] | None = None,  # (block_m, block_n, block_k, num_warps)
+    mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(W) (+ bias)`` for a batch of rows, in ``x``'s dtype."""
     x = x if x.stride(-1) == 1 else x.contiguous()
-    m, n, k = _check(x, qweight, zeros, scales, group, bits)
+    m, n, k = _check(x, qweight, zeros, scales, mins, group, bits)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
@@ -234,9 +253,10 @@ def gemm(
     bk = max(16, _fit_block_k(bk, k, group))
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     _gemm_kernel[grid](
-        x, qweight, zeros, scales, bias if bias is not None else scales, out, m, n, k,
+        x, qweight, zeros, scales, mins if mins is not None else scales,
+        bias if bias is not None else scales, out, m, n, k,
         x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), out.stride(0),
-        GROUP=group, BITS=bits, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
+        GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
     )  # fmt: skip
     return out

@@ -15,6 +15,7 @@ def get_quant_method(
     if name in (None, "none"):
         return None
     import fulcrum.quant.fp8  # noqa: F401  (registers)
+    import fulcrum.quant.gguf  # noqa: F401  (registers)
     import fulcrum.quant.int4  # noqa: F401  (registers)
 
     if name not in QUANT_METHODS:

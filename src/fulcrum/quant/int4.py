@@ -37,6 +37,7 @@ class IntLinear(Configured, nn.Module):
         self.group = fmt.group_for(in_features)
         self.layer_name = "linear layer"
         self.packed = False  # True once in the kernels' layout
+        self.mins: torch.Tensor | None = None  # an additive term per group (GGUF's Q4_1)
         for name, (shape, dtype) in fmt.checkpoint_shapes(in_features, out_features).items():
             setattr(self, name, nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False))
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
@@ -111,15 +112,18 @@ class IntLinear(Configured, nn.Module):
         groups = k // self.group
         zeros = torch.full((groups, n), 1 << (bits - 1), dtype=torch.uint8, device=dev)
         scales = torch.full((groups, n), 0.02 / (1 << (bits - 1)), dtype=torch.float16, device=dev)
-        for name in self.fmt.checkpoint_shapes(k, n):
+        for name in [p for p in self._parameters if p != "bias"]:
             delattr(self, name)
+        self.mins = None
         self._set_packed(qweight, zeros, scales, None)
         if self.bias is not None:
             self.bias.data.uniform_(-0.02, 0.02, generator=generator)
 
     def dequantized_weight(self) -> torch.Tensor:
         """``[out, in]`` fp32 in the checkpoint's row order (tests, the CPU path)."""
-        w = w4a16.dequantize(self.qweight, self.zeros, self.scales, self.group, self.fmt.bits)
+        w = w4a16.dequantize(
+            self.qweight, self.zeros, self.scales, self.group, self.fmt.bits, self.mins
+        )
         if self.perm is not None:
             w = torch.empty_like(w).index_copy_(0, self.perm.to(w.device), w)
         return w.t().contiguous()
@@ -136,7 +140,10 @@ class IntLinear(Configured, nn.Module):
             x2 = x2.index_select(1, self.perm)
         few = x2.shape[0] <= min(kc.gemv.max_m, GEMV_MAX_M)
         run = w4a16.gemv if few else w4a16.gemm
-        y = run(x2, self.qweight, self.zeros, self.scales, self.bias, self.group, self.fmt.bits)
+        y = run(
+            x2, self.qweight, self.zeros, self.scales, self.bias, self.group, self.fmt.bits,
+            mins=self.mins,
+        )  # fmt: skip
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

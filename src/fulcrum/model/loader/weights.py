@@ -116,7 +116,12 @@ def load_model(
     if mc.load_format == "dummy":
         _init_dummy(model, mc.seed)
     else:
-        loaded = model.load_weights(iter_safetensors(mc.weights_path))
+        weights = iter_safetensors(mc.weights_path)
+        if mc.quantization == "gguf":  # the projections' blocks from the file, kept packed
+            from fulcrum.model.loader.gguf_loader import iter_gguf_packed
+
+            weights = iter_gguf_packed(mc.model, mc.weights_path, mc.hf_config)
+        loaded = model.load_weights(weights)
         expected = model.expected_weight_count()
         if len(loaded) != expected:
             raise ValueError(

@@ -1,0 +1,52 @@
+"""GGUF blocks kept packed (``quantization="gguf"``, ``quant/gguf.py``): repacked blocks equal
+``gguf``'s own dequantizer, and the embedded SmolLM2 (Q4_1) decodes on its packed weights
+exactly as on the weights dequantized at load."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fulcrum import LLM, SamplingParams
+from fulcrum.kernels import w4a16
+from fulcrum.quant.gguf import GgufLinear, repack_blocks
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_repacked_blocks_equal_gguf_dequantizer(type_name: str) -> None:
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[type_name]
+    n, k = 24, 96
+    w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32)
+    w += np.linspace(-1, 2, k, dtype=np.float32)  # groups off zero: Q4_1's min matters
+    blocks = gguf.quants.quantize(w, qtype)
+    want = torch.from_numpy(gguf.quants.dequantize(blocks, qtype).astype(np.float32))
+    t = repack_blocks(blocks, type_name, n, k)
+    bits = 8 if type_name == "Q8_0" else 4
+    got = w4a16.dequantize(t["qweight"], t["zeros"], t["scales"], 32, bits, t["mins"]).t()
+    assert torch.equal(got, want)
+    assert t["qweight"].shape == (k * bits // 32, n) and t["scales"].shape == (k // 32, n)
+
+
+def test_k_quants_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="type Q6_K; packed GGUF supports Q4_0, Q4_1, Q8_0"):
+        repack_blocks(np.zeros((4, 210), np.uint8), "Q6_K", 4, 256)
+
+
+def test_gguf_needs_a_gguf_file(tiny_models) -> None:
+    with pytest.raises(ValueError, match="quantization: gguf keeps a GGUF file's blocks packed"):
+        LLM(tiny_models["llama"], device="cpu", quantization="gguf")
+
+
+def test_smollm2_on_packed_q4_1_equals_dequantized() -> None:
+    prompts = [[1, 504, 3458, 314, 216], list(range(300, 340))]
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    ref = [o.outputs[0].token_ids for o in LLM(device="cpu").generate(prompts, sp, use_tqdm=False)]
+    llm = LLM(device="cpu", quantization="gguf")
+    qkv = llm.core.runner.model.model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, GgufLinear) and qkv.fmt.bits == 4 and qkv.mins is not None
+    assert qkv.qweight.dtype == torch.int32 and qkv.qweight.shape == (576 // 8, 576 + 2 * 192)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    assert got == ref
