@@ -27,6 +27,11 @@ def test_pack_roundtrip_and_dequantize() -> None:
         assert torch.equal(w4a16.unpack_rows(qw, bits), q)
         # value by value, from the layout's description
         w = w4a16.dequantize(qw, z, s, 16, bits)
+        mn = torch.randn(4, 24, generator=g).half()
+        assert torch.equal(w4a16.dequantize_t(qw, z, s, 16, bits), w.t())
+        assert torch.equal(
+            w4a16.dequantize_t(qw, z, s, 16, bits, mn), w4a16.dequantize(qw, z, s, 16, bits, mn).t()
+        )
         for k, n in ((0, 0), (13, 5), (63, 23), (40, 17)):
             word = int(qw[k // (32 // bits), n]) & 0xFFFFFFFF
             v = (word >> ((k % (32 // bits)) * bits)) & ((1 << bits) - 1)
@@ -110,7 +115,7 @@ def test_layer_dispatch_runs_the_kernels(monkeypatch: pytest.MonkeyPatch, rows: 
     called = []
     for name in ("gemv", "gemm"):
         real = getattr(w4a16, name)
-        monkeypatch.setattr(w4a16, name, lambda *a, _r=real, _n=name: called.append(_n) or _r(*a))
+        monkeypatch.setattr(w4a16, name, lambda *a, _r=real, _n=name, **kw: called.append(_n) or _r(*a, **kw))
     monkeypatch.setattr(int4, "use_triton", lambda x, kc: True)
     torch.testing.assert_close(lin(x), want, rtol=1e-4, atol=1e-4)
     assert called == ["gemv" if rows <= min(lin.kernel_config.gemv.max_m, 4) else "gemm"]

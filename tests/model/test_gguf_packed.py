@@ -40,13 +40,36 @@ def test_gguf_needs_a_gguf_file(tiny_models) -> None:
         LLM(tiny_models["llama"], device="cpu", quantization="gguf")
 
 
-def test_smollm2_on_packed_q4_1_equals_dequantized() -> None:
-    prompts = [[1, 504, 3458, 314, 216], list(range(300, 340))]
-    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    ref = [o.outputs[0].token_ids for o in LLM(device="cpu").generate(prompts, sp, use_tqdm=False)]
+def test_smollm2_on_packed_q4_1(smollm_dir) -> None:
+    """Every projection's packed weight equals what the default path dequantizes at load (the
+    converted checkpoint), and greedy decoding equals transformers on those weights."""
+    from safetensors import safe_open
+
+    from model_factory import hf_greedy
+
+    prompts = [[1, 504, 3458, 314, 216]]
     llm = LLM(device="cpu", quantization="gguf")
-    qkv = llm.core.runner.model.model.layers[0].self_attn.qkv_proj
+    model = llm.core.runner.model
+    qkv = model.model.layers[0].self_attn.qkv_proj
     assert isinstance(qkv, GgufLinear) and qkv.fmt.bits == 4 and qkv.mins is not None
     assert qkv.qweight.dtype == torch.int32 and qkv.qweight.shape == (576 // 8, 576 + 2 * 192)
+    with safe_open(f"{smollm_dir}/model.safetensors", framework="pt") as fh:
+        for i in (0, 17, 29):
+            layer = model.model.layers[i]
+            pre = f"model.layers.{i}."
+            parts = {
+                layer.self_attn.qkv_proj: [
+                    "self_attn.q_proj",
+                    "self_attn.k_proj",
+                    "self_attn.v_proj",
+                ],
+                layer.self_attn.o_proj: ["self_attn.o_proj"],
+                layer.mlp.gate_up_proj: ["mlp.gate_proj", "mlp.up_proj"],
+                layer.mlp.down_proj: ["mlp.down_proj"],
+            }
+            for lin, names in parts.items():
+                want = torch.cat([fh.get_tensor(f"{pre}{n}.weight") for n in names])
+                assert torch.equal(lin.dequantized_weight(), want), (i, names)
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
-    assert got == ref
+    assert got == hf_greedy(smollm_dir, prompts, 6)

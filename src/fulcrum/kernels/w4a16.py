@@ -67,6 +67,28 @@ def dequantize(
     return w if mins is None else w + mins.float()[g]
 
 
+def dequantize_t(
+    qweight: torch.Tensor,
+    zeros: torch.Tensor,
+    scales: torch.Tensor,
+    group: int,
+    bits: int,
+    mins: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``dequantize(...).t()`` made contiguous (``[N, K]``, ``F.linear``'s layout), built in
+    that layout with broadcasts over whole groups and in-place steps: the CPU path's cost."""
+    n = qweight.shape[1]
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=qweight.device)
+    words = qweight.t().contiguous()  # an eighth of the weight: makes the result [N, K] row-major
+    q = (words[:, :, None] >> shifts).bitwise_and_((1 << bits) - 1)  # [N, K / P, P]
+    q = q.view(n, -1, group)  # [N, G, group]
+    q.sub_(zeros.t().to(torch.int32)[:, :, None])
+    w = q.float().mul_(scales.t().float()[:, :, None])
+    if mins is not None:
+        w.add_(mins.t().float()[:, :, None])
+    return w.view(n, -1)
+
+
 def reference_matmul(
     x: torch.Tensor,
     qweight: torch.Tensor,

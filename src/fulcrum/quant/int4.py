@@ -121,12 +121,12 @@ class IntLinear(Configured, nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """``[out, in]`` fp32 in the checkpoint's row order (tests, the CPU path)."""
-        w = w4a16.dequantize(
+        w = w4a16.dequantize_t(
             self.qweight, self.zeros, self.scales, self.group, self.fmt.bits, self.mins
         )
         if self.perm is not None:
-            w = torch.empty_like(w).index_copy_(0, self.perm.to(w.device), w)
-        return w.t().contiguous()
+            w = torch.empty_like(w).index_copy_(1, self.perm.to(w.device), w)
+        return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.packed:
