@@ -135,13 +135,13 @@ def convert_gguf(path: str) -> str:
     return out
 
 
-def iter_gguf_packed(path: str, converted: str, hf_config):
+def iter_gguf_packed(path: str, hf_config, converted):
     """(name, tensor) for ``quantization="gguf"``: each projection's blocks repacked for the
     W4A16 kernels (``quant/gguf.py``: ``<proj>.qweight``, ``.zeros``, ``.scales``, ``.mins``,
-    output features along columns), then every other tensor from the converted directory."""
+    output features along columns), then every other tensor of ``converted`` (the converted
+    directory's (name, tensor) pairs)."""
     import gguf
 
-    from fulcrum.model.loader.weights import iter_safetensors
     from fulcrum.quant.gguf import repack_blocks
 
     arch = hf_config.model_type
@@ -167,6 +167,6 @@ def iter_gguf_packed(path: str, converted: str, hf_config):
                 v = _unpermute(v.t(), heads).t().contiguous()
             yield f"{prefix}.{leaf}", v
         packed.add(name)
-    for name, tensor in iter_safetensors(converted):
+    for name, tensor in converted:
         if name not in packed:
             yield name, tensor

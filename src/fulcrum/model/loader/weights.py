@@ -120,7 +120,7 @@ def load_model(
         if mc.quantization == "gguf":  # the projections' blocks from the file, kept packed
             from fulcrum.model.loader.gguf_loader import iter_gguf_packed
 
-            weights = iter_gguf_packed(mc.model, mc.weights_path, mc.hf_config)
+            weights = iter_gguf_packed(mc.model, mc.hf_config, weights)
         loaded = model.load_weights(weights)
         expected = model.expected_weight_count()
         if len(loaded) != expected:
