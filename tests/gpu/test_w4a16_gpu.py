@@ -83,3 +83,29 @@ def test_int4_engine_on_dummy_packed_weights(tmp_path, method: str) -> None:
     sp = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0)
     out = llm.generate([[1, 2, 3], list(range(5, 200))], sp, use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in out] == [8, 8]
+
+
+@pytest.mark.parametrize("method,act", [("gptq", True), ("awq", False)])
+def test_int4_checkpoint_close_to_dequantized_bf16(tiny_models, tmp_path, method, act) -> None:
+    """A tiny GPTQ (act-order) / AWQ checkpoint on CUDA in bf16 -- the W4A16 GEMV for decode,
+    the GEMM for prefill -- against the same engine on the dequantized weights in bf16: at the
+    first divergence each side's token is in the other's top-5."""
+    from fulcrum import LLM, SamplingParams
+    from int_quantizer import write_quantized
+    from model_factory import assert_first_divergence_in_top
+
+    dst, ref = str(tmp_path / "q"), str(tmp_path / "ref")
+    write_quantized(tiny_models["llama"], dst, ref, method, 4, 32, sym=False, desc_act=act)
+    prompts = [list(range(5, 11)), list(range(20, 57))]
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=5)
+    res = {}
+    for name, path in (("int4", dst), ("ref", ref)):
+        outs = LLM(path, dtype="bfloat16").generate(prompts, sp, use_tqdm=False)
+        res[name] = (
+            [o.outputs[0].token_ids for o in outs],
+            [[list(d) for d in o.outputs[0].logprobs] for o in outs],
+        )
+    for i in range(len(prompts)):
+        assert_first_divergence_in_top(
+            res["int4"][0][i], res["int4"][1][i], res["ref"][0][i], res["ref"][1][i], f"p{i}"
+        )
