@@ -9,7 +9,8 @@ asynchronous scheduling, TTFT, 128/128, 64 x 1000/128, 2048/128, 1000/1000), ``f
 engine with an FP8 KV cache and 512 sequences: ITL and 1000/1000), ``hf`` (transformers
 ``generate`` static batch and ``generate_batch``), ``cold`` (process start to first token);
 on request (``--only``): ``fp8w`` (FP8 weights and KV cache: ITL, TTFT, 1000/1000) and
-``fp8w70b`` (Llama-3.3-70B in FP8: ITL and 256 x 1000/1000).
+``fp8w70b`` (Llama-3.3-70B in FP8: ITL and 256 x 1000/1000), ``int4w`` and ``int4w70b`` (the
+same with INT4 GPTQ-layout weights, group 128).
 Every result is a ``RESULT {json}`` line in DIR/<phase>.log; all of them end in DIR/bench.json.
 
 Floors (H200: 4.28 TB/s copy, 790 TFLOP/s bf16): a decode step of batch B at mean context C
@@ -56,6 +57,24 @@ FP8W = {
         kv_bytes=163840,
         params=70.6e9,
         engine=dict(quantization="fp8", kv_cache_dtype="fp8", max_num_seqs=128),
+        long=(256, 1000, 1000),
+    ),
+    # INT4 weights (GPTQ layout, group 128, dummy packed words): the projections' words plus a
+    # fp16 scale and a byte zero per 128 weights, and the bf16 LM head.
+    "int4w": dict(
+        model="llama-3.1-8b",
+        weight_bytes=6.98e9 * (0.5 + 3 / 128) + 1.05e9,
+        kv_bytes=65536,
+        params=7.5e9,
+        engine=dict(quantization="gptq", kv_cache_dtype="fp8", max_num_seqs=512),
+        long=(1000, 1000, 1000),
+    ),
+    "int4w70b": dict(
+        model="llama-3.3-70b",
+        weight_bytes=68.45e9 * (0.5 + 3 / 128) + 2.1e9,
+        kv_bytes=163840,
+        params=70.6e9,
+        engine=dict(quantization="gptq", kv_cache_dtype="fp8", max_num_seqs=256),
         long=(256, 1000, 1000),
     ),
 }
@@ -579,6 +598,8 @@ def main() -> None:
         ("cold", [py, "-c", COLD.format(model=MODEL, engine=ENGINE)], 70.0),
         ("fp8w", [py, me, "--out", args.out, "--phase", "fp8w"], 200.0),
         ("fp8w70b", [py, me, "--out", args.out, "--phase", "fp8w70b"], None),
+        ("int4w", [py, me, "--out", args.out, "--phase", "int4w"], 200.0),
+        ("int4w70b", [py, me, "--out", args.out, "--phase", "int4w70b"], None),
     ]
     skip, only = set(args.skip.split(",")), set(filter(None, args.only.split(",")))
     plan = [p for p in plan if p[0] not in skip and (p[0] in only if only else p[0] not in FP8W)]

@@ -7,17 +7,21 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fulcrum.config import (
     CacheConfig,
     EngineConfig,
     KernelConfig,
+    ModelConfig,
     SchedulerConfig,
     describe_kernel_config,
     resolve_device,
     resolve_dtype,
 )
+
+if TYPE_CHECKING:
+    from fulcrum.quant.base import QuantMethod
 
 
 def _help_with_default(text: str) -> str:
@@ -45,7 +49,10 @@ _HELP = {
     "quantization": "Weight quantization of the decoder's linear layers: none, or fp8 (float8 "
     "e4m3 weights with a scale per output row, activations quantized per token, FP8 tensor-core "
     "GEMMs: half the weight bytes; GPUs of compute capability 8.9+, or the CPU). Checkpoints in "
-    "full precision are quantized as they load.",
+    "full precision are quantized as they load; gptq or awq (weight-only 4-bit integers, 8-bit "
+    "for gptq, kept packed; Triton W4A16 kernels on CUDA). A checkpoint whose config.json has a "
+    "gptq or awq quantization_config selects its method itself; gguf (a GGUF file's Q4_0, Q4_1 "
+    "and Q8_0 projections kept packed for the same kernels; default: dequantized at load).",
     "kv_cache_dtype": "KV-cache storage: auto (the model's dtype) or fp8 (float8 e4m3, scale 1.0: "
     "half the bytes per token, so twice the tokens fit and decode reads half as much KV).",
     "enable_prefix_caching": "Reuse KV of shared prompt prefixes across requests (radix cache).",
@@ -142,7 +149,7 @@ class EngineArgs:
             choices = {
                 "async_scheduling": ["auto", "on", "off"],
                 "kv_cache_dtype": ["auto", "fp8"],
-                "quantization": ["none", "fp8"],
+                "quantization": ["none", "fp8", "gptq", "awq", "gguf"],
             }.get(f.name)
             g.add_argument(
                 flag,
@@ -186,7 +193,9 @@ class EngineArgs:
             max_model_len=self.max_model_len,
             seed=self.seed,
         )
+        quant = _checkpoint_quant(quant, model_config)
         if quant is not None:
+            quant.check_device(device)
             model_config = dataclasses.replace(model_config, quantization=quant.name)
         cache_config = CacheConfig(
             block_size=self.block_size,
@@ -214,3 +223,37 @@ class EngineArgs:
             piecewise_graph_max_tokens=self.piecewise_graph_max_tokens,
             kernel_config=kernel_config,
         )
+
+
+_PACKED_METHODS = ("gptq", "awq")
+
+
+def _checkpoint_quant(quant: QuantMethod | None, mc: ModelConfig) -> QuantMethod | None:
+    """The method a checkpoint's ``quantization_config`` asks for (as vLLM and transformers
+    read it), checked against the one requested; ``quant`` where the checkpoint has none."""
+    from fulcrum.quant import get_quant_method
+
+    if quant is not None and quant.name == "gguf" and mc.load_format != "gguf":
+        raise ValueError(
+            f"quantization: gguf keeps a GGUF file's blocks packed; {mc.model!r} is not one."
+        )
+    qc = getattr(mc.hf_config, "quantization_config", None)
+    if not isinstance(qc, dict):
+        if quant is not None and quant.name in _PACKED_METHODS and mc.load_format != "dummy":
+            raise ValueError(
+                f"quantization: {quant.name} reads {quant.name} checkpoints (config.json with a "
+                f"quantization_config); {mc.model!r} has none (dummy weights need none)."
+            )
+        return quant
+    method = str(qc.get("quant_method", "")).lower()
+    if method not in _PACKED_METHODS:
+        raise ValueError(
+            f"quantization_config.quant_method: checkpoints quantized with {method!r} are not "
+            f"supported; expected one of {', '.join(_PACKED_METHODS)}."
+        )
+    if quant is not None and quant.name != method:
+        raise ValueError(
+            f"quantization: the checkpoint is {method}-quantized (config.json "
+            f"quantization_config), got {quant.name!r}."
+        )
+    return get_quant_method(method, qc)

@@ -296,6 +296,11 @@ class LlamaForCausalLM(nn.Module):
             if target not in params:
                 raise ValueError(f"model weights: unexpected tensor {name!r} in the checkpoint.")
             p = params[target]
+            owner_name, leaf = target.rsplit(".", 1)
+            load_packed = getattr(self.get_submodule(owner_name), "load_packed", None)
+            if load_packed is not None and load_packed(leaf, tensor, offset):  # GPTQ/AWQ
+                loaded.add(f"{target}#{offset}")
+                continue
             dst = p.data if offset is None else p.data.narrow(0, offset[0], offset[1])
             if tuple(dst.shape) != tuple(tensor.shape):
                 raise ValueError(
@@ -325,6 +330,6 @@ class LlamaForCausalLM(nn.Module):
         for name, _ in self.named_parameters():
             if name == "lm_head.weight" and self.args.tie_word_embeddings:
                 continue
-            n += 3 if ".qkv_proj.weight" in name or ".qkv_proj.bias" in name else 1
-            n += 1 if ".gate_up_proj." in name else 0
+            # one checkpoint tensor per shard of a fused projection, whatever the format's names
+            n += 3 if ".qkv_proj." in name else 2 if ".gate_up_proj." in name else 1
         return n

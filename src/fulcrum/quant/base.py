@@ -11,6 +11,7 @@ norms and the LM head stay in the model's dtype.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,6 +19,12 @@ from torch import nn
 
 class QuantMethod(ABC):
     name: str = "abstract"
+
+    @classmethod
+    def from_quant_config(cls, quant_config: dict[str, Any] | None) -> QuantMethod:
+        """The method for a checkpoint whose ``config.json`` has this ``quantization_config``
+        (None: none given; methods that quantize at load need none)."""
+        return cls()
 
     @abstractmethod
     def linear(self, in_features: int, out_features: int, bias: bool) -> nn.Module:

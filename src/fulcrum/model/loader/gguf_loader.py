@@ -133,3 +133,40 @@ def convert_gguf(path: str) -> str:
             shutil.rmtree(tmp, ignore_errors=True)
     logger.info("GGUF conversion took %.1f s", time.perf_counter() - t0)
     return out
+
+
+def iter_gguf_packed(path: str, hf_config, converted):
+    """(name, tensor) for ``quantization="gguf"``: each projection's blocks repacked for the
+    W4A16 kernels (``quant/gguf.py``: ``<proj>.qweight``, ``.zeros``, ``.scales``, ``.mins``,
+    output features along columns), then every other tensor of ``converted`` (the converted
+    directory's (name, tensor) pairs)."""
+    import gguf
+
+    from fulcrum.quant.gguf import repack_blocks
+
+    arch = hf_config.model_type
+    n_head = hf_config.num_attention_heads
+    n_kv = getattr(hf_config, "num_key_value_heads", None) or n_head
+    packed: set[str] = set()
+    for t in gguf.GGUFReader(path).tensors:
+        name = _hf_name(t.name)
+        if name is None or not name.endswith("_proj.weight"):
+            continue
+        k, n = (int(v) for v in t.shape[:2])
+        try:
+            tensors = repack_blocks(t.data, t.tensor_type.name, n, k)
+        except ValueError as e:
+            raise ValueError(
+                f"quantization: GGUF tensor {t.name!r} ({name}) has {e}; load it with "
+                "quantization none (dequantized at load)."
+            ) from None
+        heads = {"q_proj": n_head, "k_proj": n_kv}.get(name.split(".")[-2])
+        prefix = name.removesuffix(".weight")
+        for leaf, v in tensors.items():
+            if arch == "llama" and heads is not None:  # output features are columns here
+                v = _unpermute(v.t(), heads).t().contiguous()
+            yield f"{prefix}.{leaf}", v
+        packed.add(name)
+    for name, tensor in converted:
+        if name not in packed:
+            yield name, tensor

@@ -97,7 +97,7 @@ def load_model(
 
     t0 = time.perf_counter()
     cls = get_model_cls(mc.architecture)
-    quant = get_quant_method(mc.quantization)
+    quant = get_quant_method(mc.quantization, getattr(mc.hf_config, "quantization_config", None))
     old = torch.get_default_dtype()
     torch.set_default_dtype(mc.dtype)
     try:
@@ -110,16 +110,27 @@ def load_model(
     for buf in model.buffers():
         if buf.is_floating_point():
             buf.data = buf.data.float()
+    for name, m in model.named_modules():  # a packed format refuses a layer it cannot describe
+        if hasattr(m, "check_format"):
+            m.check_format(name)
     if mc.load_format == "dummy":
         _init_dummy(model, mc.seed)
     else:
-        loaded = model.load_weights(iter_safetensors(mc.weights_path))
+        weights = iter_safetensors(mc.weights_path)
+        if mc.quantization == "gguf":  # the projections' blocks from the file, kept packed
+            from fulcrum.model.loader.gguf_loader import iter_gguf_packed
+
+            weights = iter_gguf_packed(mc.model, mc.hf_config, weights)
+        loaded = model.load_weights(weights)
         expected = model.expected_weight_count()
         if len(loaded) != expected:
             raise ValueError(
                 f"model weights: checkpoint in {mc.weights_path!r} filled {len(loaded)} of "
                 f"{expected} parameter shards; it is incomplete or for another model."
             )
+        for m in model.modules():  # packed checkpoints: into the kernels' layout, once
+            if hasattr(m, "finish_loading"):
+                m.finish_loading()
     model.eval()
     dt = time.perf_counter() - t0
     q = f", {mc.quantization} weights" if quant is not None else ""

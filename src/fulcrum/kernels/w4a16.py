@@ -1,0 +1,284 @@
+"""Weight-only integer GEMM and GEMV: ``y = x @ dequant(W) (+ b)`` with packed 4- or 8-bit W.
+
+The one layout both kernels read (``quant/int4.py`` repacks GPTQ and AWQ checkpoints into it
+once at load)::
+
+    qweight  int32 [K / PACK, N]   PACK = 32 / BITS values of consecutive input rows k per word,
+                                   row k at bits (k % PACK) * BITS of word k // PACK
+    zeros    uint8 [G, N]          (int16 where a zero is 256) zero point of group g = k // GROUP (G = K / GROUP)
+    scales   fp16/bf16/fp32 [G, N]
+    mins     optional, as scales   (GGUF Q4_1's additive term; zeros then 0)
+    w[k, n] = (q[k, n] - zeros[g, n]) * scales[g, n] (+ mins[g, n])  (fp32)
+
+The weight is dequantized in registers right after its load, so memory holds and streams only
+the packed words (a quarter of bf16's bytes at 4 bits, plus one scale and zero per group).
+An act-order (``desc_act``) checkpoint's rows are permuted at load so that groups are
+contiguous; the caller permutes x's columns the same way.
+
+- ``gemm``: tiles of x and of the dequantized weight into ``tl.dot`` (tensor cores), for batches.
+- ``gemv``: one to a few rows of x, products summed in fp32 without ``tl.dot`` (whose M tile
+  would be mostly padding), each program streaming a strip of N columns.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# (block_n, block_k, num_warps) on CUDA; not tuned (benchmarks/w4a16_bench.py sweeps them)
+GEMV_CONFIG = (32, 256, 4)
+GEMM_CONFIG = (64, 128, 64, 4)  # (block_m, block_n, block_k, num_warps) on CUDA; not tuned
+INTERPRET_GEMV_CONFIG = (16, 16, 1)
+INTERPRET_GEMM_CONFIG = (16, 16, 16, 1)
+
+
+def unpack_rows(qweight: torch.Tensor, bits: int) -> torch.Tensor:
+    """``int32 [K / PACK, N]`` -> ``int32 [K, N]`` values in ``[0, 2**bits)``."""
+    pack = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=qweight.device)
+    q = (qweight[:, None, :] >> shifts[None, :, None]) & ((1 << bits) - 1)
+    return q.reshape(-1, qweight.shape[1]) if pack > 1 else q[:, 0]
+
+
+def pack_rows(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of :func:`unpack_rows`: ``[K, N]`` values -> ``int32 [K / PACK, N]``."""
+    pack = 32 // bits
+    k, n = q.shape
+    q = q.to(torch.int32).reshape(k // pack, pack, n)
+    out = torch.zeros(k // pack, n, dtype=torch.int32, device=q.device)
+    for j in range(pack):
+        out |= q[:, j, :] << (j * bits)
+    return out
+
+
+def dequantize(
+    qweight: torch.Tensor,
+    zeros: torch.Tensor,
+    scales: torch.Tensor,
+    group: int,
+    bits: int,
+    mins: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The weight ``[K, N]`` in fp32, computed as the kernels compute it (the torch path)."""
+    q = unpack_rows(qweight, bits)
+    g = torch.arange(q.shape[0], device=q.device) // group
+    w = (q - zeros.to(torch.int32)[g]).float() * scales.float()[g]
+    return w if mins is None else w + mins.float()[g]
+
+
+def dequantize_t(
+    qweight: torch.Tensor,
+    zeros: torch.Tensor,
+    scales: torch.Tensor,
+    group: int,
+    bits: int,
+    mins: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``dequantize(...).t()`` made contiguous (``[N, K]``, ``F.linear``'s layout), built in
+    that layout with broadcasts over whole groups and in-place steps: the CPU path's cost."""
+    n = qweight.shape[1]
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=qweight.device)
+    words = qweight.t().contiguous()  # an eighth of the weight: makes the result [N, K] row-major
+    q = (words[:, :, None] >> shifts).bitwise_and_((1 << bits) - 1)  # [N, K / P, P]
+    q = q.view(n, -1, group)  # [N, G, group]
+    q.sub_(zeros.t().to(torch.int32)[:, :, None])
+    w = q.float().mul_(scales.t().float()[:, :, None])
+    if mins is not None:
+        w.add_(mins.t().float()[:, :, None])
+    return w.view(n, -1)
+
+
+def reference_matmul(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    zeros: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    group: int,
+    bits: int,
+    mins: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Dequantize, then matmul in fp32: what both kernels must equal."""
+    y = x.float() @ dequantize(qweight, zeros, scales, group, bits, mins)
+    return (y if bias is None else y + bias.float()).to(x.dtype)
+
+
+@triton.jit
+def _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K, stride_q, stride_z,
+                  stride_s, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_MIN: tl.constexpr,
+                  BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Rows ``k`` x columns ``offs_n`` of the weight, dequantized to fp32 ``[BLOCK_K, BLOCK_N]``."""
+    PACK: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    mask = mask_k[:, None] & mask_n[None, :]
+    # Each packed word loaded once, then spread over its PACK rows: words [BLOCK_K / PACK, N]
+    # -> [BLOCK_K / PACK, PACK, N] -> rows k0 .. k0 + BLOCK_K (row-major: word i, value j).
+    rows = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+    mask_w = (rows < K // PACK)[:, None] & mask_n[None, :]
+    qw = tl.load(qw_ptr + rows[:, None] * stride_q + offs_n[None, :], mask=mask_w, other=0)
+    shifts = tl.arange(0, PACK) * BITS
+    q = tl.reshape((qw[:, None, :] >> shifts[None, :, None]) & MASK, [BLOCK_K, BLOCK_N])
+    if GROUP % BLOCK_K == 0:  # the whole tile in one group: one row of zeros and scales
+        g = k0 // GROUP
+        z = tl.load(z_ptr + g * stride_z + offs_n, mask=mask_n, other=0).to(tl.int32)[None, :]
+        s = tl.load(s_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        if HAS_MIN:
+            mn = tl.load(m_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0)[None, :]
+    else:
+        g = (k // GROUP)[:, None]
+        z = tl.load(z_ptr + g * stride_z + offs_n[None, :], mask=mask, other=0).to(tl.int32)
+        s = tl.load(s_ptr + g * stride_s + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_MIN:
+            mn = tl.load(m_ptr + g * stride_s + offs_n[None, :], mask=mask, other=0.0)
+    w = (q - z).to(tl.float32) * s
+    if HAS_MIN:
+        w += mn.to(tl.float32)
+    return w
+
+
+@triton.jit
+def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_q,
+                 stride_z, stride_s, stride_om, GROUP: tl.constexpr, BITS: tl.constexpr,
+                 HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = k < K
+        x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + k[None, :],
+                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
+        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
+                          stride_q, stride_z, stride_s, GROUP, BITS, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
+        if IEEE:  # fp32 activations: no TF32 rounding
+            acc = tl.dot(x, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, w.to(x.dtype), acc)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    dst = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_q,
+                 stride_z, stride_s, stride_om, GROUP: tl.constexpr, BITS: tl.constexpr,
+                 HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):  # fmt: skip
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    # One row: products summed elementwise, one reduction at the end (as kernels/gemv.py).
+    acc1 = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = k < K
+        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
+                          stride_q, stride_z, stride_s, GROUP, BITS, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
+        if BLOCK_M == 1:
+            xf = tl.load(x_ptr + k, mask=mask_k, other=0.0).to(tl.float32)
+            acc1 += w * xf[:, None]
+        else:
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
+                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
+            acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
+    if BLOCK_M == 1:
+        acc = tl.sum(acc1, axis=0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def _fit_block_k(block_k: int, k: int, group: int) -> int:
+    """A K tile inside one group where the group is a power of two (one row of scales and zeros
+    per tile instead of one per weight row)."""
+    block_k = min(block_k, triton.next_power_of_2(k))
+    return group if group < block_k and group & (group - 1) == 0 else block_k
+
+
+def _check(x, qweight, zeros, scales, mins, group: int, bits: int) -> tuple[int, int, int]:
+    m, k = x.shape
+    n = qweight.shape[1]
+    if bits not in (4, 8) or qweight.shape[0] * (32 // bits) != k or k % group:
+        raise ValueError(
+            f"w4a16: x {tuple(x.shape)}, qweight {tuple(qweight.shape)}, bits {bits}, "
+            f"group {group} do not fit"
+        )
+    g = k // group
+    assert (
+        zeros.shape == (g, n)
+        and scales.shape == (g, n)
+        and zeros.dtype in (torch.uint8, torch.int16)
+    )
+    assert mins is None or (mins.shape == scales.shape and mins.stride() == scales.stride())
+    assert qweight.dtype == torch.int32 and qweight.stride(-1) == 1 and x.stride(-1) == 1
+    return m, n, k
+
+
+def gemv(
+    x: torch.Tensor,  # [M, K], a few rows
+    qweight: torch.Tensor,
+    zeros: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    group: int,
+    bits: int = 4,
+    config: tuple[int, int, int] | None = None,  # (block_n, block_k, num_warps)
+    mins: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ dequant(W) (+ bias)`` for a few rows of ``x``, in ``x``'s dtype."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, n, k = _check(x, qweight, zeros, scales, mins, group, bits)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    block_n, block_k, warps = config or (GEMV_CONFIG if x.is_cuda else INTERPRET_GEMV_CONFIG)
+    block_k = max(32 // bits, _fit_block_k(block_k, k, group))
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, qweight, zeros, scales, mins if mins is not None else scales,
+        bias if bias is not None else scales, out, m, n, k,
+        x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), out.stride(0),
+        GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m),
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
+def gemm(
+    x: torch.Tensor,  # [M, K]
+    qweight: torch.Tensor,
+    zeros: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    group: int,
+    bits: int = 4,
+    config: tuple[int, int, int, int] | None = None,  # (block_m, block_n, block_k, num_warps)
+    mins: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ dequant(W) (+ bias)`` for a batch of rows, in ``x``'s dtype."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, n, k = _check(x, qweight, zeros, scales, mins, group, bits)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    bm, bn, bk, warps = config or (GEMM_CONFIG if x.is_cuda else INTERPRET_GEMM_CONFIG)
+    bk = max(16, _fit_block_k(bk, k, group))
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
+    _gemm_kernel[grid](
+        x, qweight, zeros, scales, mins if mins is not None else scales,
+        bias if bias is not None else scales, out, m, n, k,
+        x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), out.stride(0),
+        GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+    )  # fmt: skip
+    return out

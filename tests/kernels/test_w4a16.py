@@ -1,0 +1,121 @@
+"""W4A16 GEMM and GEMV (``kernels/w4a16.py``) against dequantize-then-matmul, in the interpreter
+on the CPU (tiny shapes) and compiled on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fulcrum.kernels import w4a16
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _random_weight(k: int, n: int, group: int, bits: int, g: torch.Generator):
+    q = torch.randint(0, 1 << bits, (k, n), generator=g, dtype=torch.int32)
+    groups = k // group
+    zeros = torch.randint(0, 1 << bits, (groups, n), generator=g, dtype=torch.int32)
+    scales = (torch.rand(groups, n, generator=g) * 0.02 + 0.001).half()
+    return w4a16.pack_rows(q, bits), zeros.to(torch.uint8), scales, q
+
+
+def test_pack_roundtrip_and_dequantize() -> None:
+    g = torch.Generator().manual_seed(0)
+    for bits in (4, 8):
+        qw, z, s, q = _random_weight(64, 24, 16, bits, g)
+        assert qw.shape == (64 * bits // 32, 24) and qw.dtype == torch.int32
+        assert torch.equal(w4a16.unpack_rows(qw, bits), q)
+        # value by value, from the layout's description
+        w = w4a16.dequantize(qw, z, s, 16, bits)
+        mn = torch.randn(4, 24, generator=g).half()
+        assert torch.equal(w4a16.dequantize_t(qw, z, s, 16, bits), w.t())
+        assert torch.equal(
+            w4a16.dequantize_t(qw, z, s, 16, bits, mn), w4a16.dequantize(qw, z, s, 16, bits, mn).t()
+        )
+        for k, n in ((0, 0), (13, 5), (63, 23), (40, 17)):
+            word = int(qw[k // (32 // bits), n]) & 0xFFFFFFFF
+            v = (word >> ((k % (32 // bits)) * bits)) & ((1 << bits) - 1)
+            want = (v - int(z[k // 16, n])) * float(s[k // 16, n])
+            assert w[k, n].item() == pytest.approx(want, rel=1e-6)
+
+
+CASES = [  # (m, k, n, group, bits, bias)
+    (1, 64, 40, 16, 4, False),
+    (2, 64, 40, 32, 4, "mins"),  # GGUF Q4_1's additive term
+    (3, 64, 48, 32, 4, True),
+    (2, 96, 32, 96, 4, False),  # group -1: one group spanning K (not a multiple of the tile)
+    (1, 32, 24, 8, 4, True),  # groups smaller than the K tile
+    (4, 64, 32, 16, 8, False),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gemv_equals_reference(case) -> None:
+    m, k, n, group, bits, bias = case
+    gen = torch.Generator().manual_seed(m * 1000 + k + n)
+    qw, z, s, _ = _random_weight(k, n, group, bits, gen)
+    x = torch.randn(m, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias is True else None
+    mn = torch.randn(k // group, n, generator=gen).half() * 0.01 if bias == "mins" else None
+    want = w4a16.reference_matmul(x, qw, z, s, b, group, bits, mn)
+    to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    y = w4a16.gemv(to(x), to(qw), to(z), to(s), to(b), group, bits, mins=to(mn))
+    torch.testing.assert_close(y.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", [(5, 64, 40, 16, 4, True), (17, 48, 32, 48, 4, False),
+                                  (9, 32, 24, 8, 8, True), (6, 64, 16, 32, 4, "mins")])  # fmt: skip
+def test_gemm_equals_reference(case) -> None:
+    m, k, n, group, bits, bias = case
+    gen = torch.Generator().manual_seed(m * 1000 + k + n)
+    qw, z, s, _ = _random_weight(k, n, group, bits, gen)
+    x = torch.randn(m, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias is True else None
+    mn = torch.randn(k // group, n, generator=gen).half() * 0.01 if bias == "mins" else None
+    want = w4a16.reference_matmul(x, qw, z, s, b, group, bits, mn)
+    to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    y = w4a16.gemm(to(x), to(qw), to(z), to(s), to(b), group, bits, mins=to(mn))
+    torch.testing.assert_close(y.cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_shapes_are_refused() -> None:
+    qw = torch.zeros(8, 16, dtype=torch.int32)
+    z = torch.zeros(2, 16, dtype=torch.uint8)
+    s = torch.ones(2, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="do not fit"):
+        w4a16.gemv(torch.zeros(1, 60), qw, z, s, None, 32)
+    with pytest.raises(ValueError, match="do not fit"):
+        w4a16.gemm(torch.zeros(1, 64), qw, z, s, None, 64, bits=3)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 20])  # the GEMV up to gemv.max_m rows, the GEMM above
+def test_layer_dispatch_runs_the_kernels(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """An act-order GPTQ layer through its Triton path (forced on the CPU): x's columns gathered
+    into the packed row order, then the GEMV or the GEMM; equal to the dequantized layer."""
+    import fulcrum.quant.int4 as int4
+    from fulcrum.quant import get_quant_method
+
+    gen = torch.Generator().manual_seed(rows)
+    qc = {"quant_method": "gptq", "bits": 4, "group_size": 16, "desc_act": True, "sym": False}
+    lin = get_quant_method("gptq", qc).linear(32, 24, bias=True)
+    k, n, gs = 32, 24, 16
+    q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.int32)
+    g_idx = torch.empty(k, dtype=torch.int32)
+    g_idx[torch.randperm(k, generator=gen)] = (torch.arange(k) // gs).to(torch.int32)
+    zeros = torch.randint(0, 15, (k // gs, n), generator=gen, dtype=torch.int32)
+    lin.load_packed("qweight", w4a16.pack_rows(q, 4), None)
+    lin.load_packed("qzeros", w4a16.pack_rows(zeros.t().contiguous(), 4).t().contiguous(), None)
+    lin.load_packed("scales", (torch.rand(k // gs, n, generator=gen) * 0.1).half(), None)
+    lin.load_packed("g_idx", g_idx, None)
+    lin.bias.data.normal_(generator=gen)
+    lin.finish_loading()
+    assert lin.perm is not None
+    x = torch.randn(rows, k, generator=gen)
+    want = x @ lin.dequantized_weight().t() + lin.bias
+    called = []
+    for name in ("gemv", "gemm"):
+        real = getattr(w4a16, name)
+        monkeypatch.setattr(w4a16, name, lambda *a, _r=real, _n=name, **kw: called.append(_n) or _r(*a, **kw))
+    monkeypatch.setattr(int4, "use_triton", lambda x, kc: True)
+    torch.testing.assert_close(lin(x), want, rtol=1e-4, atol=1e-4)
+    assert called == ["gemv" if rows <= min(lin.kernel_config.gemv.max_m, 4) else "gemm"]
