@@ -29,6 +29,7 @@ from fulcrum.protocol import (
 )
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.scheduler.scheduler import Scheduler
+from fulcrum.structured.manager import StructuredOutputManager
 from fulcrum.worker.model_runner import ModelRunner
 from fulcrum.worker.startup import prepare_runner
 from fulcrum.worker.step_sampling import StepHandle
@@ -61,8 +62,11 @@ class EngineCore:
             )
             sc = dataclasses.replace(sc, max_model_len=num_blocks * bs)
         self.max_model_len = sc.max_model_len
+        eos = eos_token_ids(config)
+        self.structured = _structured_manager(config, eos)
         self.scheduler = Scheduler(
-            sc, config.cache_config, num_blocks, config.model_config.vocab_size, eos_token_ids(config)
+            sc, config.cache_config, num_blocks, config.model_config.vocab_size, eos,
+            self.structured,
         )
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s); max_model_len %d holds %.1f "
@@ -122,3 +126,21 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self.runner.kv_caches.clear()
+        if self.structured is not None:
+            self.structured.shutdown()
+
+
+def _structured_manager(config: EngineConfig, eos: set[int]) -> StructuredOutputManager | None:
+    """Grammars need the tokenizer's vocabulary; a model served without one has no structured
+    output. The backend (tokenizer load, vocabulary scan) is built at the first constrained request."""
+    mc = config.model_config
+    if mc.tokenizer_path is None:
+        return None
+
+    def make_backend():  # noqa: ANN202 - imports xgrammar only when used
+        from fulcrum.model.loader.tokenizer import load_tokenizer
+        from fulcrum.structured.xgrammar_backend import XgrammarBackend
+
+        return XgrammarBackend(load_tokenizer(mc), mc.vocab_size, sorted(eos))
+
+    return StructuredOutputManager(make_backend)

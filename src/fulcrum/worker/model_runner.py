@@ -142,9 +142,9 @@ class ModelRunner:
         dec = self.inputs.decode_batch(out, states, starts, self._prev_rows)
         if dec is not None:
             logits, greedy = self._decode_step(*dec, states)
-            return self._sample(logits, states, dec[1] + 1, greedy)
+            return self._sample(logits, states, dec[1] + 1, greedy, out.grammar_bitmask)
         logits, rows, ends = self._general_step(out, states, starts)
-        return self._sample(logits, [states[i] for i in rows], ends)
+        return self._sample(logits, [states[i] for i in rows], ends, None, out.grammar_bitmask)
 
     def collect(self, h: StepHandle) -> tuple[list[int], list[Logprobs | None] | None]:
         """Wait for a launched step; its sampled ids (and logprobs) as Python lists. Each
@@ -248,9 +248,13 @@ class ModelRunner:
         states: list[ReqState],
         positions: np.ndarray,
         greedy: torch.Tensor | None = None,
+        bitmask: np.ndarray | None = None,
     ) -> StepHandle:
         """Sample on the device and start copying the result to the host; the sampled ids stay
-        on the device for the next step's inputs. ``positions``: each row's sampled token's."""
+        on the device for the next step's inputs. ``positions``: each row's sampled token's;
+        ``bitmask``: the grammar's allowed tokens per row (structured output)."""
         self._prev_rows = {st.req_id: i for i, st in enumerate(states)}
-        handle, self._prev_sampled = self.sampling.sample(logits, states, positions, greedy)
+        handle, self._prev_sampled = self.sampling.sample(
+            logits, states, positions, greedy, bitmask
+        )
         return handle
