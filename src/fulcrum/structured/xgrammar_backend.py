@@ -13,13 +13,10 @@ from fulcrum.sampling_params import StructuredOutputsParams
 from fulcrum.structured.backend import CompiledGrammar, GrammarBackend, GrammarMatcher
 from fulcrum.structured.grammars import build_grammar
 
-# Enough undo for speculative decoding's rejected draft tokens.
-MAX_ROLLBACK_TOKENS = 64
-
 
 class XgrammarMatcher(GrammarMatcher):
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
-        self._m = xgr.GrammarMatcher(compiled, max_rollback_tokens=MAX_ROLLBACK_TOKENS)
+        self._m = xgr.GrammarMatcher(compiled)  # rollback depth is unlimited in xgrammar
 
     def accept_token(self, token_id: int) -> bool:
         return bool(self._m.accept_token(token_id))
