@@ -79,7 +79,6 @@ class Request:
             and params.presence_penalty == 0.0
             and params.frequency_penalty == 0.0
             and params.min_tokens == 0
-            and params.structured_outputs is None
         )
         # Structured output: the grammar compiling off the loop, then this sequence's matcher
         # (advanced on every appended token; the step's bitmask is filled from it). Typed Any:

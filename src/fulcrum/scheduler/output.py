@@ -61,7 +61,8 @@ class SchedulerOutput:
     preempted_req_ids: list[str] = field(default_factory=list)
     num_batched_tokens: int = 0
     # Structured output: allowed tokens of each sampled row (int32 words, xgrammar's layout),
-    # filled on the host; None when no sampled row has a grammar.
+    # filled on the host by ``Scheduler.grammar_bitmask`` after the forward is launched and the
+    # previous step's tokens are in; None when no sampled row has a grammar.
     grammar_bitmask: np.ndarray | None = None
 
     @property

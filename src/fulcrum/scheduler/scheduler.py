@@ -170,7 +170,6 @@ class Scheduler:
             self._schedule_waiting(out, reqs, budget)
         if reqs:
             self._steps[out.step_id] = reqs
-            self._fill_bitmask(out, reqs)
         self._next_step_id += 1
         return out
 
@@ -191,12 +190,23 @@ class Scheduler:
             req.matcher.accept_token(tok)
         return True
 
-    def _fill_bitmask(self, out: SchedulerOutput, reqs: list[Request]) -> None:
-        """The allowed tokens of each sampled row, from its matcher. A structured request is never
-        overlapped (``overlap_safe``), so its matcher has seen every token before this step."""
+    def needs_bitmask(self, out: SchedulerOutput) -> bool:
+        """Whether a sampled row of this step has a grammar."""
+        reqs = self._steps.get(out.step_id, [])
+        return any(r.matcher is not None for r, s in zip(reqs, out.samples, strict=True) if s)
+
+    def grammar_bitmask(self, out: SchedulerOutput) -> None:
+        """Fill ``out.grammar_bitmask`` from each sampled row's matcher. Called once the tokens
+        of every earlier step are in (the core collects the previous step first), while the
+        device runs this step's forward; a row whose request ended meanwhile allows all."""
         if self.structured is None:
             return
-        rows = [r.matcher for r, s in zip(reqs, out.samples, strict=True) if s]
+        reqs = self._steps.get(out.step_id, [])
+        rows = [
+            r.matcher if not r.status.finished else None
+            for r, s in zip(reqs, out.samples, strict=True)
+            if s
+        ]
         if any(m is not None for m in rows):
             out.grammar_bitmask = self.structured.bitmask(rows)
 

@@ -21,6 +21,7 @@ is ``worker/startup.py``; it calls ``allocate_kv_cache`` and fills ``graphs``/``
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -134,16 +135,24 @@ class ModelRunner:
         self.inputs.update_states(out)
 
     @torch.inference_mode()
-    def execute_async(self, out: SchedulerOutput) -> StepHandle:
-        """Launch one step; ``collect`` returns its sampled tokens."""
+    def execute_async(
+        self, out: SchedulerOutput, before_sample: Callable[[], None] | None = None
+    ) -> StepHandle:
+        """Launch one step; ``collect`` returns its sampled tokens. ``before_sample`` runs once
+        the forward is launched and before sampling: structured output fills
+        ``out.grammar_bitmask`` there, while the device computes the forward."""
         self._staging.wait()  # the previous step's host → device copies are done
         states = self.inputs.update_states(out)
         starts = out.num_computed_tokens
         dec = self.inputs.decode_batch(out, states, starts, self._prev_rows)
         if dec is not None:
             logits, greedy = self._decode_step(*dec, states)
+            if before_sample is not None:
+                before_sample()
             return self._sample(logits, states, dec[1] + 1, greedy, out.grammar_bitmask)
         logits, rows, ends = self._general_step(out, states, starts)
+        if before_sample is not None:
+            before_sample()
         return self._sample(logits, [states[i] for i in rows], ends, None, out.grammar_bitmask)
 
     def collect(self, h: StepHandle) -> tuple[list[int], list[Logprobs | None] | None]:
