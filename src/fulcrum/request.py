@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import enum
 import time
+from concurrent.futures import Future
+from typing import Any
 
 from fulcrum.protocol import WireSamplingParams
 
@@ -78,6 +80,11 @@ class Request:
             and params.frequency_penalty == 0.0
             and params.min_tokens == 0
         )
+        # Structured output: the grammar compiling off the loop, then this sequence's matcher
+        # (advanced on every appended token; the step's bitmask is filled from it). Typed Any:
+        # this module sits below structured/ (structured.backend defines both types).
+        self.grammar: Future[Any] | None = None
+        self.matcher: Any = None
 
     @property
     def num_tokens(self) -> int:

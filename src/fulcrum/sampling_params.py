@@ -2,10 +2,58 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 MAX_LOGPROBS = 20
 _GREEDY_EPS = 1e-5
+
+
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "structural_tag", "json_object")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """One constraint on the output (vLLM's names): exactly one field is set.
+
+    ``json``: a JSON schema (dict or its text); ``regex``; ``choice``: the output is one of these
+    strings; ``grammar``: EBNF (GBNF); ``structural_tag``: xgrammar's structural-tag JSON;
+    ``json_object``: any JSON object."""
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    structural_tag: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            why = "none" if not given else ", ".join(given)
+            raise ValueError(
+                f"structured_outputs must set exactly one of {', '.join(STRUCTURED_KINDS)}; got {why}."
+            )
+        if self.choice is not None:
+            if not self.choice or any(not isinstance(c, str) or c == "" for c in self.choice):
+                raise ValueError("structured_outputs.choice must be a non-empty list of non-empty strings.")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False))
+
+    @property
+    def spec(self) -> str:
+        """The constraint as one string (schemas as canonical JSON text): the cache key's body."""
+        value = getattr(self, self.kind)
+        if self.kind == "json" and not isinstance(value, str):
+            return json.dumps(value, sort_keys=True)
+        if self.kind == "choice":
+            return json.dumps(value)
+        if self.kind == "json_object":
+            return ""
+        return str(value)
 
 
 @dataclass
@@ -34,6 +82,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine: EOS ids of the model (not part of the user surface).
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 

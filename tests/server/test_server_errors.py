@@ -61,8 +61,9 @@ BAD_CHAT = [
     ({"top_k": -5}, "top_k"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"chat_template": "{{ messages }}"}, "chat_template"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "function"}]}, "tools[0].function"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"tool_choice": "auto"}, "tool_choice"),
 ]
 
 
@@ -92,6 +93,9 @@ BAD_COMPLETION = [
     ({"max_tokens": -1}, "max_tokens"),
     ({"prompt": ["a"] * 300}, "prompt"),
     ({"prompt": ["a"] * 256, "n": 16}, "n"),  # 4,096 sequences: more than the server holds
+    ({"structured_outputs": {"choice": []}}, "structured_outputs"),
+    ({"guided_regex": "(a"}, "guided_regex"),
+    ({"structured_outputs": {"json": {"type": "object"}, "regex": "a"}}, "structured_outputs"),
 ]
 
 

@@ -8,7 +8,10 @@ the host's bookkeeping runs while the device computes::
     host:    schedule N+1 │ launch N+1 │ wait N, update N, return N's tokens │ schedule N+2 ...
     device:  ......... step N ........│............. step N+1 ..............│ ...
 
-Step N+1's inputs that step N samples stay on the device (the runner patches them in). The core
+Step N+1's inputs that step N samples stay on the device (the runner patches them in). With
+structured output, step N+1's grammar bitmask needs step N's token: the runner launches N+1's
+forward, then the core collects N (advancing the matchers) and fills the bitmask while the device
+runs the forward, and only then is N+1 sampled. The core
 falls back to one step at a time while a running request's sampling needs host-side history
 (penalties, min_tokens).
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 from fulcrum.config import EngineConfig
 from fulcrum.model.loader.hf_config import generation_eos_token_ids
@@ -29,6 +33,7 @@ from fulcrum.protocol import (
 )
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.scheduler.scheduler import Scheduler
+from fulcrum.structured.manager import StructuredOutputManager
 from fulcrum.worker.model_runner import ModelRunner
 from fulcrum.worker.startup import prepare_runner
 from fulcrum.worker.step_sampling import StepHandle
@@ -61,8 +66,11 @@ class EngineCore:
             )
             sc = dataclasses.replace(sc, max_model_len=num_blocks * bs)
         self.max_model_len = sc.max_model_len
+        eos = eos_token_ids(config)
+        self.structured = _structured_manager(config, eos)
         self.scheduler = Scheduler(
-            sc, config.cache_config, num_blocks, config.model_config.vocab_size, eos_token_ids(config)
+            sc, config.cache_config, num_blocks, config.model_config.vocab_size, eos,
+            self.structured,
         )
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s); max_model_len %d holds %.1f "
@@ -97,7 +105,21 @@ class EngineCore:
             prev = None
         sched_out = self.scheduler.schedule()
         if not sched_out.is_empty:
-            self._inflight = (sched_out, self.runner.execute_async(sched_out))
+            fill: Callable[[], None] | None = None
+            if self.scheduler.needs_bitmask(sched_out):
+
+                def fill_bitmask() -> None:
+                    # Runs while the device computes this step's forward: the previous step's
+                    # tokens advance the matchers, then this step's bitmask is filled.
+                    nonlocal prev
+                    if prev is not None:
+                        outputs.extend(self._collect(prev))
+                        prev = None
+                    self.scheduler.grammar_bitmask(sched_out)
+
+                fill = fill_bitmask
+
+            self._inflight = (sched_out, self.runner.execute_async(sched_out, fill))
         elif sched_out.finished_req_ids:
             self.runner.update_states(sched_out)
         if prev is not None:
@@ -122,3 +144,21 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self.runner.kv_caches.clear()
+        if self.structured is not None:
+            self.structured.shutdown()
+
+
+def _structured_manager(config: EngineConfig, eos: set[int]) -> StructuredOutputManager | None:
+    """Grammars need the tokenizer's vocabulary; a model served without one has no structured
+    output. The backend (tokenizer load, vocabulary scan) is built at the first constrained request."""
+    mc = config.model_config
+    if mc.tokenizer_path is None:
+        return None
+
+    def make_backend():  # noqa: ANN202 - imports xgrammar only when used
+        from fulcrum.model.loader.tokenizer import load_tokenizer
+        from fulcrum.structured.xgrammar_backend import XgrammarBackend
+
+        return XgrammarBackend(load_tokenizer(mc), mc.vocab_size, sorted(eos))
+
+    return StructuredOutputManager(make_backend)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from fulcrum.protocol import WireSamplingParams
 
 
@@ -58,6 +60,10 @@ class SchedulerOutput:
     # Preempted by this step: their KV is gone; each comes back in ``scheduled_new_reqs``.
     preempted_req_ids: list[str] = field(default_factory=list)
     num_batched_tokens: int = 0
+    # Structured output: allowed tokens of each sampled row (int32 words, xgrammar's layout),
+    # filled on the host by ``Scheduler.grammar_bitmask`` after the forward is launched and the
+    # previous step's tokens are in; None when no sampled row has a grammar.
+    grammar_bitmask: np.ndarray | None = None
 
     @property
     def num_reqs(self) -> int:

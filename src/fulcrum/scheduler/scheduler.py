@@ -14,6 +14,7 @@ again; one that stops on a stop token wastes at most the one step already launch
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -24,6 +25,9 @@ from fulcrum.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, Sche
 from fulcrum.request import Request, RequestStatus
 from fulcrum.scheduler.output import NewRequestData, SchedulerOutput
 from fulcrum.scheduler.policy import order_waiting
+from fulcrum.structured.manager import StructuredOutputManager
+
+logger = logging.getLogger(__name__)
 
 
 class Scheduler:
@@ -34,8 +38,10 @@ class Scheduler:
         num_blocks: int,
         vocab_size: int,
         eos_token_ids: set[int],
+        structured: StructuredOutputManager | None = None,
     ) -> None:
         self.config = config
+        self.structured = structured
         self.block_size = cache_config.block_size
         self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
         self.vocab_size = vocab_size
@@ -78,6 +84,11 @@ class Scheduler:
         if sp.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {sp.max_tokens}.")
         sp.all_stop_token_ids = sorted(self.eos_token_ids)
+        grammar = None
+        if sp.structured_outputs is not None:
+            if self.structured is None:
+                raise ValueError("structured_outputs: this engine has no tokenizer to compile grammars for.")
+            grammar = self.structured.submit(sp.structured_outputs)
         seqs: list[Request] = []
         for i in range(sp.n):
             seqs.append(
@@ -86,6 +97,7 @@ class Scheduler:
                     req.cache_salt, req.priority, parent=seqs[0] if i else None,
                 )
             )
+            seqs[-1].grammar = grammar
         self.requests[req.request_id] = seqs
         self.waiting.extend(seqs)
 
@@ -161,6 +173,43 @@ class Scheduler:
         self._next_step_id += 1
         return out
 
+    def _grammar_ready(self, req: Request) -> bool:
+        """Whether a structured request may run: its grammar compiled (a failed compile aborts
+        it; the frontend validated the constraint, so that is an engine fault)."""
+        if req.grammar is None or req.matcher is not None:
+            return True
+        if not req.grammar.done():
+            return False
+        err = req.grammar.exception()
+        if err is not None:
+            logger.error("request %s: grammar compile failed: %s", req.key, err)
+            self.abort_requests([req.key])
+            return False
+        req.matcher = req.grammar.result().new_matcher()
+        for tok in req.output_token_ids:  # resumed with output (cannot happen today; cheap)
+            req.matcher.accept_token(tok)
+        return True
+
+    def needs_bitmask(self, out: SchedulerOutput) -> bool:
+        """Whether a sampled row of this step has a grammar."""
+        reqs = self._steps.get(out.step_id, [])
+        return any(r.matcher is not None for r, s in zip(reqs, out.samples, strict=True) if s)
+
+    def grammar_bitmask(self, out: SchedulerOutput) -> None:
+        """Fill ``out.grammar_bitmask`` from each sampled row's matcher. Called once the tokens
+        of every earlier step are in (the core collects the previous step first), while the
+        device runs this step's forward; a row whose request ended meanwhile allows all."""
+        if self.structured is None:
+            return
+        reqs = self._steps.get(out.step_id, [])
+        rows = [
+            r.matcher if not r.status.finished else None
+            for r, s in zip(reqs, out.samples, strict=True)
+            if s
+        ]
+        if any(m is not None for m in rows):
+            out.grammar_bitmask = self.structured.bitmask(rows)
+
     def _finishes_by_length(self, req: Request) -> bool:
         """The pending token will end the request (max_tokens / max_model_len): nothing to run."""
         if not req.num_pending:
@@ -217,6 +266,8 @@ class Scheduler:
                 continue
             if req.num_pending:  # preempted while its last step runs: wait for its token
                 continue
+            if not self._grammar_ready(req):  # compiling off the loop: others go ahead
+                continue
             blocks, node = self.kv.match_prefix(req.all_token_ids, req.cache_salt)
             if self.kv.tree is None and parent is not None and self.kv.has(parent.key):
                 blocks = self.kv.block_table(parent.key)[: (req.num_prompt_tokens - 1) // bs]
@@ -269,6 +320,8 @@ class Scheduler:
             if req.status.finished:
                 continue
             req.append_token(tok)
+            if req.matcher is not None and not req.matcher.accept_token(tok):
+                logger.warning("request %s: token %d rejected by its grammar", req.key, tok)
             self.generation_tokens_total += 1
             finish = self._check_stop(req, tok)
             first = req.num_output_tokens == 1
@@ -293,6 +346,10 @@ class Scheduler:
     def _check_stop(self, req: Request, tok: int) -> str | None:
         sp = req.params
         if tok in req.stop_ids and req.num_output_tokens > sp.min_tokens:
+            req.stop_reason = tok
+            req.status = RequestStatus.FINISHED_STOPPED
+            return "stop"
+        if req.matcher is not None and req.matcher.is_terminated():  # e.g. EOS with ignore_eos
             req.stop_reason = tok
             req.status = RequestStatus.FINISHED_STOPPED
             return "stop"

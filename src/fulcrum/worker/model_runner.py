@@ -21,6 +21,7 @@ is ``worker/startup.py``; it calls ``allocate_kv_cache`` and fills ``graphs``/``
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -134,17 +135,25 @@ class ModelRunner:
         self.inputs.update_states(out)
 
     @torch.inference_mode()
-    def execute_async(self, out: SchedulerOutput) -> StepHandle:
-        """Launch one step; ``collect`` returns its sampled tokens."""
+    def execute_async(
+        self, out: SchedulerOutput, before_sample: Callable[[], None] | None = None
+    ) -> StepHandle:
+        """Launch one step; ``collect`` returns its sampled tokens. ``before_sample`` runs once
+        the forward is launched and before sampling: structured output fills
+        ``out.grammar_bitmask`` there, while the device computes the forward."""
         self._staging.wait()  # the previous step's host → device copies are done
         states = self.inputs.update_states(out)
         starts = out.num_computed_tokens
         dec = self.inputs.decode_batch(out, states, starts, self._prev_rows)
         if dec is not None:
             logits, greedy = self._decode_step(*dec, states)
-            return self._sample(logits, states, dec[1] + 1, greedy)
+            if before_sample is not None:
+                before_sample()
+            return self._sample(logits, states, dec[1] + 1, greedy, out.grammar_bitmask)
         logits, rows, ends = self._general_step(out, states, starts)
-        return self._sample(logits, [states[i] for i in rows], ends)
+        if before_sample is not None:
+            before_sample()
+        return self._sample(logits, [states[i] for i in rows], ends, None, out.grammar_bitmask)
 
     def collect(self, h: StepHandle) -> tuple[list[int], list[Logprobs | None] | None]:
         """Wait for a launched step; its sampled ids (and logprobs) as Python lists. Each
@@ -248,9 +257,13 @@ class ModelRunner:
         states: list[ReqState],
         positions: np.ndarray,
         greedy: torch.Tensor | None = None,
+        bitmask: np.ndarray | None = None,
     ) -> StepHandle:
         """Sample on the device and start copying the result to the host; the sampled ids stay
-        on the device for the next step's inputs. ``positions``: each row's sampled token's."""
+        on the device for the next step's inputs. ``positions``: each row's sampled token's;
+        ``bitmask``: the grammar's allowed tokens per row (structured output)."""
         self._prev_rows = {st.req_id: i for i, st in enumerate(states)}
-        handle, self._prev_sampled = self.sampling.sample(logits, states, positions, greedy)
+        handle, self._prev_sampled = self.sampling.sample(
+            logits, states, positions, greedy, bitmask
+        )
         return handle

@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fulcrum.config import KernelConfig
 from fulcrum.kernels.dispatch import use_triton
 from fulcrum.protocol import Logprobs, WireSamplingParams
+from fulcrum.structured.apply import apply_bitmask
 from fulcrum.worker.input_batch import ReqState
 from fulcrum.worker.sampler import Sampler, SamplingMetadata, greedy_argmax, sample_fused
 
@@ -49,11 +51,16 @@ class StepSampler:
         states: list[ReqState],
         positions: Sequence[int],
         greedy: torch.Tensor | None = None,
+        bitmask: np.ndarray | None = None,
     ) -> tuple[StepHandle, torch.Tensor | None]:
         """The step's handle, and its sampled ids on the device (None: nothing sampled).
-        ``positions``: each row's sampled token's position."""
+        ``positions``: each row's sampled token's position; ``bitmask``: structured output's
+        allowed tokens per row, applied to the logits first."""
         if logits is None:  # prefill chunks only
             return StepHandle(torch.empty(0, dtype=torch.int64), None, []), None
+        if bitmask is not None:
+            logits = apply_bitmask(logits, bitmask)
+            greedy = None  # a decode graph's argmax saw the unmasked logits
         extra: list[torch.Tensor] = []
         kc = self.kernel_config
         if all(st.plain_greedy for st in states):

@@ -10,6 +10,7 @@ from typing import Any
 from fulcrum import envs
 from fulcrum.engine.arg_utils import EngineArgs
 from fulcrum.entrypoints.openai.limits import MAX_LOGPROBS, MAX_N
+from fulcrum.entrypoints.openai.tool_parsers import PARSERS
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -73,6 +74,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--chat-template",
         default=None,
         help="Chat template (a file path or the template text) replacing the model's.",
+    )
+    s.add_argument(
+        "--tool-call-parser",
+        choices=sorted(PARSERS),
+        default=None,
+        help="How the model writes tool calls (default: chosen from the chat template).",
     )
     s.add_argument(
         "--trust-request-chat-template",
@@ -193,6 +200,7 @@ def run_serve(args: argparse.Namespace) -> int:
         public_endpoints=args.public_endpoints,
         trust_request_chat_template=args.trust_request_chat_template,
         chat_template=_load_template(args.chat_template),
+        tool_call_parser=args.tool_call_parser,
         max_request_bytes=args.max_request_bytes,
         max_queued_requests=args.max_queued_requests,
         max_num_seqs=engine_args.max_num_seqs,

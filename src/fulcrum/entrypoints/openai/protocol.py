@@ -32,8 +32,16 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(OpenAIBaseModel):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(OpenAIBaseModel):
     type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 StopString = Annotated[str, Field(max_length=MAX_STOP_LEN)]
@@ -69,11 +77,43 @@ class SamplingRequest(OpenAIBaseModel):
     cache_salt: str | None = Field(
         None, description="Tenant salt: prefix-cache entries are shared only with the same salt."
     )
+    structured_outputs: dict[str, Any] | None = Field(
+        None,
+        description="Exactly one of json (schema), regex, choice, grammar (EBNF), structural_tag.",
+    )
+    guided_json: dict[str, Any] | str | None = Field(None, description="structured_outputs.json")
+    guided_regex: str | None = Field(None, description="structured_outputs.regex")
+    guided_choice: list[str] | None = Field(None, description="structured_outputs.choice")
+    guided_grammar: str | None = Field(None, description="structured_outputs.grammar")
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class FunctionDef(OpenAIBaseModel):
+    name: str = Field(..., min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(OpenAIBaseModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | None
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -85,7 +125,9 @@ class ChatCompletionRequest(SamplingRequest):
     )
     max_completion_tokens: int | None = Field(None, ge=1)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = Field(None, description="Not supported; must be empty.")
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice = None
+    parallel_tool_calls: bool = True
     # Extensions.
     add_generation_prompt: bool = True
     continue_final_message: bool = False

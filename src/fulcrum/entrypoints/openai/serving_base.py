@@ -26,7 +26,7 @@ from fulcrum.entrypoints.openai.errors import (
 )
 from fulcrum.entrypoints.openai.protocol import SamplingRequest
 from fulcrum.entrypoints.openai.request_log import RequestLog, RequestRecord
-from fulcrum.sampling_params import SamplingParams
+from fulcrum.sampling_params import SamplingParams, StructuredOutputsParams
 
 T = TypeVar("T")
 
@@ -41,6 +41,7 @@ class ServeOptions:
     public_endpoints: bool = False  # /metrics and the API docs open despite api_key
     trust_request_chat_template: bool = False
     chat_template: str | None = None  # overrides the model's template
+    tool_call_parser: str | None = None  # None: chosen from the chat template
     max_request_bytes: int = 8 * 1024 * 1024
     max_queued_requests: int = 1024
     max_num_seqs: int = 256
@@ -254,7 +255,11 @@ class OpenAIServing:
         return requested
 
     def sampling_params(
-        self, req: SamplingRequest, max_tokens: int, logprobs: int | None
+        self,
+        req: SamplingRequest,
+        max_tokens: int,
+        logprobs: int | None,
+        structured: StructuredOutputsParams | None = None,
     ) -> SamplingParams:
         top_k = req.top_k
         if top_k > self.engine.vocab_size:
@@ -278,6 +283,7 @@ class OpenAIServing:
                 logprobs=logprobs,
                 skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output,
+                structured_outputs=structured,
             )
         except ValueError as e:
             raise value_error(e) from None

@@ -27,6 +27,16 @@ from fulcrum.entrypoints.openai.serving_base import (
 )
 from fulcrum.entrypoints.openai.serving_response import ResponseContext
 from fulcrum.entrypoints.openai.sse import chat_logprobs
+from fulcrum.entrypoints.openai.structured_request import structured_params
+from fulcrum.entrypoints.openai.tool_calls import ToolCalls, ToolStream
+from fulcrum.entrypoints.openai.tool_parsers import get_parser, parser_for_template
+from fulcrum.entrypoints.openai.tool_prompt import (
+    hermes_messages,
+    template_renders_tools,
+    tool_call_schema,
+    tools_as_dicts,
+    with_tool_arguments_as_objects,
+)
 
 _LONG_TEXT = 16_384  # characters; longer prompts are tokenized off the event loop
 
@@ -54,7 +64,10 @@ class ServingChat(OpenAIServing):
         return template
 
     async def render(
-        self, req: ChatCompletionRequest, messages: list[dict[str, Any]]
+        self,
+        req: ChatCompletionRequest,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
     ) -> tuple[str, list[int]]:
         """Rendered prompt text and its token ids (the template holds the special tokens).
 
@@ -71,6 +84,12 @@ class ServingChat(OpenAIServing):
                 "continue_final_message needs an assistant message last.", "continue_final_message"
             )
         kwargs = dict(req.chat_template_kwargs or {})
+        if tools:
+            if template_renders_tools(template):
+                kwargs["tools"] = tools
+                messages = with_tool_arguments_as_objects(messages)
+            else:
+                messages = hermes_messages(messages, tools)
         try:
             text = await render_chat_async(
                 template,
@@ -99,24 +118,45 @@ class ServingChat(OpenAIServing):
         arrival = time.time()
         model = self.check_model(req.model)
         self.check_common(req)
-        if req.tools:
-            raise bad_request("tools are not supported.", "tools")
-        if req.response_format is not None and req.response_format.type != "text":
-            raise bad_request("response_format: only type 'text' is supported.", "response_format")
+        tools, tool_calls, forced = self._tools(req)
+        structured = structured_params(req, forced)
         if req.top_logprobs is not None and not req.logprobs and req.top_logprobs > 0:
             raise bad_request("top_logprobs requires logprobs to be true.", "top_logprobs")
         self.check_logprobs(req.top_logprobs, "top_logprobs")
         messages = messages_as_dicts(req.messages)
-        text, ids = await self.render(req, messages)
+        text, ids = await self.render(req, messages, tools)
         requested = req.max_completion_tokens or req.max_tokens
         max_tokens = self.resolve_max_tokens(len(ids), requested, None, "messages")
         top_n = req.top_logprobs or 0
-        params = self.sampling_params(req, max_tokens, top_n if req.logprobs else None)
+        params = self.sampling_params(req, max_tokens, top_n if req.logprobs else None, structured)
         self.check_admission(req.n)
         rid = self.new_request_id("chatcmpl")
         gen = self.submit(rid, ids, params, text, arrival, req)
         ctx = _ChatCtx(self, req, raw, rid, model, ids, text, messages, arrival, top_n)
+        ctx.tool_calls = tool_calls
         return await ctx.respond(gen, req.stream)
+
+    def _tools(
+        self, req: ChatCompletionRequest
+    ) -> tuple[list[dict[str, Any]] | None, ToolCalls | None, dict[str, Any] | None]:
+        """The tools to render, how to read calls back, and the constraint ``required`` or a
+        named ``tool_choice`` puts on the output."""
+        choice = req.tool_choice
+        if not req.tools:
+            if choice not in (None, "none"):
+                raise bad_request("tool_choice: needs tools.", "tool_choice")
+            return None, None, None
+        tools = tools_as_dicts(req.tools)
+        if choice == "none":
+            return None, None, None
+        name = None if isinstance(choice, str) or choice is None else choice.function.name
+        if name is not None and name not in {t["function"]["name"] for t in tools}:
+            raise bad_request(f"tool_choice: no tool named {name!r} in tools.", "tool_choice")
+        if choice == "required" or name is not None:
+            schema = tool_call_schema(tools, name, req.parallel_tool_calls)
+            return tools, ToolCalls(None, forced=True), {"json": schema}
+        parser = self.opts.tool_call_parser or parser_for_template(self.template_for(req))
+        return tools, ToolCalls(get_parser(parser)), None
 
 
 class _ChatCtx(ResponseContext):
@@ -144,6 +184,7 @@ class _ChatCtx(ResponseContext):
         self.first_token_time: float | None = None
         self.num_output = 0
         self.finish_reason: str | None = None
+        self.tool_calls: ToolCalls | None = None
 
     def request_ids(self) -> list[str]:
         return [self.rid]
@@ -173,6 +214,7 @@ class _ChatCtx(ResponseContext):
     async def events(self, gen: AsyncIterator[RequestOutput]) -> AsyncIterator[dict[str, Any]]:
         req = self.req
         finished: set[int] = set()
+        streams: dict[int, ToolStream] = {}
         cached = 0
         for i in range(req.n):
             delta = {"role": "assistant", "content": ""}
@@ -190,9 +232,21 @@ class _ChatCtx(ResponseContext):
                 if c.token_ids and self.first_token_time is None:
                     self.first_token_time = time.time()
                 reason = openai_finish_reason(c.finish_reason)
-                if not c.text and reason is None and not (req.logprobs and c.token_ids):
+                text, calls = c.text, []
+                if self.tool_calls is not None:
+                    st = streams.setdefault(c.index, ToolStream(self.tool_calls))
+                    text = st.feed(c.text)
+                    if reason is not None:
+                        rest, calls = st.finish()
+                        text += rest
+                        reason = "tool_calls" if calls and reason == "stop" else reason
+                if not text and not calls and reason is None and not (req.logprobs and c.token_ids):
                     continue
-                delta = {"content": c.text} if c.text else {}
+                delta: dict[str, Any] = {"content": text} if text else {}
+                if calls:
+                    choices.append({"index": c.index, "delta": {"tool_calls": calls[:1]},
+                                    "logprobs": None, "finish_reason": None})
+                    delta["tool_calls"] = calls[1:]
                 choices.append(
                     {
                         "index": c.index,
@@ -223,10 +277,14 @@ class _ChatCtx(ResponseContext):
         for c in sorted(final.outputs, key=lambda c: c.index):
             reason = openai_finish_reason(c.finish_reason) or "stop"
             self.num_output += len(c.token_ids)
+            message: dict[str, Any] = {"role": "assistant", "content": c.text}
+            if self.tool_calls is not None:
+                message, has_calls = self.tool_calls.message(c.text)
+                reason = "tool_calls" if has_calls and reason == "stop" else reason
             choices.append(
                 {
                     "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
+                    "message": message,
                     "logprobs": self._logprobs(c),
                     "finish_reason": reason,
                 }

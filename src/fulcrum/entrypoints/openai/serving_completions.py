@@ -23,6 +23,7 @@ from fulcrum.entrypoints.openai.serving_base import (
 )
 from fulcrum.entrypoints.openai.serving_response import ResponseContext
 from fulcrum.entrypoints.openai.sse import completion_logprobs
+from fulcrum.entrypoints.openai.structured_request import structured_params
 
 
 @dataclass
@@ -85,11 +86,14 @@ class ServingCompletions(OpenAIServing):
             raise bad_request("best_of must equal n (no server-side ranking).", "best_of")
         self.check_logprobs(req.logprobs, "logprobs")
         self._check_text_needs(req)
+        structured = structured_params(req)
+        if structured is not None:
+            self.need_tokenizer("structured_outputs (grammars are over text)", "structured_outputs")
         prompts = self.split_prompts(req)
         resolved = [
             self.resolve_max_tokens(len(ids), req.max_tokens, 16, "prompt") for _, ids in prompts
         ]
-        params = [self.sampling_params(req, m, req.logprobs) for m in resolved]
+        params = [self.sampling_params(req, m, req.logprobs, structured) for m in resolved]
         self.check_admission(len(prompts) * max(req.n, req.best_of or 1))
         base = self.new_request_id("cmpl")
         states = [

@@ -1,0 +1,26 @@
+"""Apply a step's grammar bitmask to the logits on their device: disallowed tokens get -inf.
+
+xgrammar's ``apply_token_bitmask_inplace`` is one Triton/CUDA kernel on the GPU and a vectorised
+loop on the CPU; rows whose bitmask allows everything are skipped."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: np.ndarray) -> torch.Tensor:
+    """``logits`` [rows, V] masked by ``bitmask`` [rows, ceil(V/32)] (host int32), in place
+    when the dtype allows (xgrammar needs float32/16/bf16 and contiguous rows)."""
+    rows = [i for i in range(len(bitmask)) if not (bitmask[i] == -1).all()]
+    if not rows:
+        return logits
+    if not logits.is_contiguous():
+        logits = logits.contiguous()
+    mask = torch.from_numpy(bitmask)
+    if logits.device.type == "cuda":
+        mask = mask.pin_memory().to(logits.device, non_blocking=True)
+    import xgrammar as xgr
+
+    xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=logits.shape[-1], indices=rows)
+    return logits

@@ -1,0 +1,123 @@
+"""Constrained generation end to end on the embedded model (offline ``LLM``, asynchronous
+scheduling on): generated JSON schemas, regex, choice, EBNF, n > 1, EOS and length."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fulcrum import LLM, SamplingParams
+from fulcrum.sampling_params import StructuredOutputsParams as SO
+
+NUM_SCHEMAS = 30  # each generated greedy and sampled: 60 constrained sequences in two batches
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(device="cpu", dtype="float32", kv_cache_memory=0.25, async_scheduling="on")
+
+
+def _prompt(llm: LLM, q: str) -> str:
+    tok = llm.get_tokenizer()
+    return tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                   add_generation_prompt=True)
+
+
+_names = st.sampled_from(["id", "name", "tags", "score", "kind", "items", "ok", "code"])
+_leaf = st.one_of(
+    st.builds(lambda lo, n: {"type": "integer", "minimum": lo, "maximum": lo + n},
+              st.integers(-50, 50), st.integers(0, 100)),
+    st.builds(lambda lo: {"type": "number", "minimum": lo, "maximum": lo + 10}, st.integers(-5, 5)),
+    st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(1, 12)),
+    st.just({"type": "string", "pattern": "^[a-z]{2,6}$"}),
+    st.just({"type": "string", "pattern": "^[0-9]{3}-[A-Z]{2}$"}),
+    st.just({"type": "boolean"}),
+    st.lists(st.sampled_from(["red", "green", "blue", "x y", "1"]), min_size=1, max_size=4,
+             unique=True).map(lambda e: {"enum": e}),
+)
+
+
+def _schema(children: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    obj = st.dictionaries(_names, children, min_size=1, max_size=3).flatmap(
+        lambda props: st.lists(st.sampled_from(sorted(props)), unique=True).map(
+            lambda req: {"type": "object", "properties": props, "required": req,
+                         "additionalProperties": False}))
+    arr = st.builds(lambda it, n: {"type": "array", "items": it, "maxItems": n},
+                    children, st.integers(1, 3))
+    return st.one_of(obj, arr)
+
+
+SCHEMAS = st.recursive(_leaf, _schema, max_leaves=4).filter(
+    lambda s: s.get("type") in ("object", "array")
+)
+
+
+def _check(llm: LLM, schemas: list[dict[str, Any]], temperature: float) -> None:
+    prompts = [_prompt(llm, "Reply with JSON.")] * len(schemas)
+    params = [SamplingParams(temperature=temperature, seed=i, max_tokens=96,
+                             structured_outputs=SO(json=s)) for i, s in enumerate(schemas)]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    stopped = 0
+    for s, o in zip(schemas, outs, strict=True):
+        c = o.outputs[0]
+        if c.finish_reason == "length":
+            continue  # the grammar accepted every token; the schema did not fit in max_tokens
+        stopped += 1
+        jsonschema.validate(json.loads(c.text), s)
+    assert stopped >= 0.8 * len(schemas), (stopped, len(schemas))
+
+
+@settings(max_examples=1, derandomize=True, deadline=None,
+          suppress_health_check=list(HealthCheck))
+@given(st.lists(SCHEMAS, min_size=NUM_SCHEMAS, max_size=NUM_SCHEMAS))
+def test_generated_schemas_validate(llm: LLM, schemas: list[dict[str, Any]]) -> None:
+    _check(llm, schemas, 0.0)
+    _check(llm, schemas, 1.0)
+
+
+def test_regex_choice_grammar_and_n(llm: LLM) -> None:
+    p = _prompt(llm, "Give me a code.")
+    outs = llm.generate([p, p, p], [
+        SamplingParams(temperature=1.0, seed=2, n=3, max_tokens=16,
+                       structured_outputs=SO(regex=r"[A-Z]{2}-\d{2,3}")),
+        SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=SO(choice=["yes", "no"])),
+        SamplingParams(temperature=0.5, seed=4, max_tokens=24, structured_outputs=SO(
+            grammar='root ::= "[" item ("," item)* "]"\nitem ::= "a" | "bb" | [0-9]')),
+    ], use_tqdm=False)
+    assert len(outs[0].outputs) == 3
+    for c in outs[0].outputs:
+        assert re.fullmatch(r"[A-Z]{2}-\d{2,3}", c.text), c.text
+    assert outs[1].outputs[0].text in ("yes", "no")
+    text = outs[2].outputs[0].text
+    assert re.fullmatch(r"\[(a|bb|[0-9])(,(a|bb|[0-9]))*\]", text) or (
+        outs[2].outputs[0].finish_reason == "length" and text.startswith("["))
+
+
+def test_length_and_ignore_eos(llm: LLM) -> None:
+    p = _prompt(llm, "Say yes or no.")
+    cut, done = llm.generate([p, p], [
+        SamplingParams(temperature=0.0, max_tokens=2, structured_outputs=SO(
+            json={"type": "object", "properties": {"answer": {"type": "string"}},
+                  "required": ["answer"]})),
+        # ignore_eos: the grammar's end still ends the sequence (EOS is allowed only there).
+        SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True,
+                       structured_outputs=SO(choice=["yes", "no"])),
+    ], use_tqdm=False)
+    assert cut.outputs[0].finish_reason == "length" and cut.outputs[0].text.startswith("{")
+    assert done.outputs[0].finish_reason == "stop" and done.outputs[0].text in ("yes", "no")
+
+
+def test_unconstrained_neighbours_unchanged(llm: LLM) -> None:
+    """A constrained request in the batch leaves the others' greedy tokens as they were alone."""
+    p = _prompt(llm, "Name a fruit.")
+    plain = SamplingParams(temperature=0.0, max_tokens=12)
+    alone = llm.generate([p], [plain], use_tqdm=False)[0].outputs[0].token_ids
+    mixed = llm.generate([p, p], [plain, SamplingParams(
+        temperature=0.0, max_tokens=12, structured_outputs=SO(regex="[a-z]+"))], use_tqdm=False)
+    assert mixed[0].outputs[0].token_ids == alone
