@@ -62,7 +62,8 @@ class EngineCore:
             sc = dataclasses.replace(sc, max_model_len=num_blocks * bs)
         self.max_model_len = sc.max_model_len
         self.scheduler = Scheduler(
-            sc, config.cache_config, num_blocks, config.model_config.vocab_size, eos_token_ids(config)
+            sc, config.cache_config, num_blocks, config.model_config.vocab_size,
+            eos_token_ids(config), config.speculative_config,
         )
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s); max_model_len %d holds %.1f "
@@ -115,7 +116,7 @@ class EngineCore:
     def _collect(self, inflight: tuple[SchedulerOutput, StepHandle]) -> list[EngineCoreOutput]:
         sched_out, handle = inflight
         sampled, logprobs = self.runner.collect(handle)
-        return self.scheduler.update(sched_out, sampled, logprobs)
+        return self.scheduler.update(sched_out, sampled, logprobs, handle.num_tokens)
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.stats()
