@@ -141,3 +141,52 @@ def test_seeded_sampling_reproducible(tiny_models):
     again = _toks(llm.generate(prompts, sp, use_tqdm=False))
     assert first == again
     assert llm.core.scheduler.spec_stats.num_drafts > 0
+
+
+def test_async_scheduling_on(tiny_models, base):
+    """With asynchronous scheduling asked for, steps with guesses run one at a time."""
+    prompts = _prompts(5)
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    ref = _toks(base.generate(prompts, sp, use_tqdm=False))
+    llm = LLM(tiny_models["llama"], speculative_config=SPECS["suffix"], async_scheduling="on", **KW)
+    assert _toks(llm.generate(prompts, sp, use_tqdm=False)) == ref
+    assert llm.core.scheduler.spec_stats.num_drafts > 0
+    _check_idle(llm)
+
+
+COPY_TEXT = (
+    "def area(width, height):\n    return width * height\n\n"
+    "def perimeter(width, height):\n    return 2 * (width + height)\n"
+)
+
+
+SMOL_PARAMS = (
+    SamplingParams(temperature=0, max_tokens=32),
+    SamplingParams(temperature=0, max_tokens=32, stop=["perimeter"]),
+)
+
+
+@pytest.fixture(scope="module")
+def smol_case(smollm_dir, smollm_tokenizer):
+    """The embedded chat model asked to copy code, and its answers without speculation."""
+    msgs = [{"role": "user", "content": "Repeat this code exactly:\n" + COPY_TEXT}]
+    prompt = smollm_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    plain = LLM(smollm_dir, device="cpu", dtype="float32")
+    return prompt, [
+        plain.generate([prompt], sp, use_tqdm=False)[0].outputs[0] for sp in SMOL_PARAMS
+    ]
+
+
+@pytest.mark.parametrize("method", ["ngram", pytest.param("suffix", marks=pytest.mark.slow)])
+def test_smollm2_copy_task_and_stop_string(smollm_dir, smol_case, method):
+    """Guesses are accepted, text and tokens are the same as without speculation, and a stop
+    string inside an accepted run cuts the same text."""
+    prompt, wants = smol_case
+    assert wants[1].finish_reason == "stop"  # the stop string occurs in the answer
+    fast = LLM(smollm_dir, device="cpu", dtype="float32", speculative_config=SPECS[method])
+    for sp, want in zip(SMOL_PARAMS, wants, strict=True):
+        got = fast.generate([prompt], sp, use_tqdm=False)[0].outputs[0]
+        assert got.text == want.text and list(got.token_ids) == list(want.token_ids)
+        assert got.finish_reason == want.finish_reason
+    stats = fast.core.scheduler.spec_stats
+    assert stats.num_accepted_tokens > 0 and stats.mean_acceptance_length > 1.5, stats
