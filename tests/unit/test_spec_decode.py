@@ -255,3 +255,36 @@ def test_scheduler_guess_limits_and_stop_inside_run():
     assert res[0].new_token_ids == [drafts[0], 0] and res[0].finish_reason == "stop"
     assert not s2.has_unfinished()
     s2.kv.check_integrity()
+
+
+# -- metrics --------------------------------------------------------------------------------
+
+
+def test_metrics_exposed_and_bench_reads_acceptance_length():
+    pytest.importorskip("prometheus_client")
+    from fulcrum.bench.server_metrics import parse_prometheus, summarize
+    from fulcrum.entrypoints.openai.metrics import ServerMetrics
+    from fulcrum.protocol import SchedulerStats
+
+    m = ServerMetrics("m")
+    m.on_stats(SchedulerStats())
+    before = parse_prometheus(m.render().decode())
+    m.on_stats(
+        SchedulerStats(
+            spec_decode_num_drafts=10,
+            spec_decode_num_draft_tokens=40,
+            spec_decode_num_accepted_tokens=25,
+            spec_decode_num_accepted_tokens_per_pos=[9, 7, 5, 4],
+        )
+    )
+    text = m.render().decode()
+    assert 'fulcrum:spec_decode_num_drafts_total{model_name="m"} 10.0' in text
+    assert 'fulcrum:spec_decode_num_draft_tokens_total{model_name="m"} 40.0' in text
+    assert 'fulcrum:spec_decode_num_accepted_tokens_total{model_name="m"} 25.0' in text
+    assert (
+        'fulcrum:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 7.0'
+        in text
+    )
+    fig = summarize([before, parse_prometheus(text)])
+    assert fig is not None and fig.spec_decode_mean_acceptance_length == pytest.approx(3.5)
+    assert summarize([before, before]).spec_decode_mean_acceptance_length is None
