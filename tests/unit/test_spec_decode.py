@@ -288,3 +288,25 @@ def test_metrics_exposed_and_bench_reads_acceptance_length():
     fig = summarize([before, parse_prometheus(text)])
     assert fig is not None and fig.spec_decode_mean_acceptance_length == pytest.approx(3.5)
     assert summarize([before, before]).spec_decode_mean_acceptance_length is None
+
+
+def test_serve_exits_2_naming_the_field(capsys):
+    pytest.importorskip("fulcrum.entrypoints.openai.cli_serve")
+    from fulcrum.entrypoints.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--speculative-config", '{"method": "medusa"}'])
+    assert e.value.code == 2
+    assert "speculative_config.method" in capsys.readouterr().err
+    rc = main(
+        [
+            "serve",
+            "--speculative-config",
+            '{"num_speculative_tokens": 8}',
+            "--max-num-batched-tokens",
+            "8",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and "speculative_config.num_speculative_tokens" in err
+    assert err.strip().startswith("fulcrum serve: error:")
