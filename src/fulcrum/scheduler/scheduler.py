@@ -32,6 +32,7 @@ from fulcrum.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, Sche
 from fulcrum.request import Request, RequestStatus
 from fulcrum.scheduler.output import NewRequestData, SchedulerOutput
 from fulcrum.scheduler.policy import order_waiting
+from fulcrum.scheduler.speculation import propose_for
 from fulcrum.spec_decode.registry import make_proposer
 from fulcrum.spec_decode.stats import SpecDecodeStats
 
@@ -191,29 +192,12 @@ class Scheduler:
         return n - req.num_prompt_tokens >= req.params.max_tokens or n >= self.config.max_model_len
 
     def _propose(self, req: Request, budget: int) -> list[int]:
-        """Guesses for a decoding request, within the budget, its max_tokens and the model's
-        length; none in a large batch (``disable_by_batch_size``) or where the sampler needs
-        each position's own history (penalties, min_tokens not reached yet)."""
-        sc = self.spec_config
-        if self.proposer is None or sc is None or req.num_pending:
+        if self.proposer is None or self.spec_config is None:
             return []
-        if len(self.running) > sc.disable_by_batch_size or not req.prefill_done:
-            return []
-        sp = req.params
-        if not req.overlap_safe and (
-            sp.repetition_penalty != 1.0 or sp.presence_penalty != 0.0
-            or sp.frequency_penalty != 0.0 or req.num_output_tokens < sp.min_tokens
-        ):
-            return []
-        k = min(
-            sc.num_speculative_tokens,
-            budget - 1,
-            sp.max_tokens - req.num_output_tokens - 1,
-            self.config.max_model_len - req.num_tokens - 1,
+        return propose_for(
+            self.proposer, self.spec_config, req, budget, len(self.running),
+            self.config.max_model_len,
         )
-        if k < 1:
-            return []
-        return self.proposer.propose(req.key, req.all_token_ids, k)[:k]
 
     def _commit(
         self,
