@@ -8,7 +8,7 @@ emits: 1 + accepted / verify steps), and whether the greedy text equals the run 
 speculation.
 
     PYTHONPATH=src python benchmarks/spec_decode_cpu.py [--max-tokens 128] [--k 4]
-        [--methods none ngram suffix] [--sets copy open] [--json out.json]
+        [--methods none ngram suffix] [--sets copy open] [--prompts N] [--json out.json]
 
 Prints one ``RESULT {json}`` line per (set, method).
 """
@@ -107,11 +107,12 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--methods", nargs="+", default=list(SPECS), choices=list(SPECS))
     ap.add_argument("--sets", nargs="+", default=["copy", "open"], choices=["copy", "open"])
+    ap.add_argument("--prompts", type=int, default=None, help="the first N prompts of each set")
     ap.add_argument("--json", help="write every result here")
     args = ap.parse_args()
     results = []
     for name in args.sets:
-        prompts = COPY if name == "copy" else OPEN
+        prompts = (COPY if name == "copy" else OPEN)[: args.prompts]
         base = None
         for method in args.methods:
             r = run_set(prompts, method, args.k, args.max_tokens)
