@@ -141,6 +141,89 @@ class SchedulerConfig:
             )
 
 
+
+SPEC_METHODS = ("ngram", "suffix", "draft_model")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding, with vLLM's option names (``--speculative-config '<JSON>'``).
+
+    A proposer guesses up to ``num_speculative_tokens`` next tokens of a decoding request; one
+    step verifies them all (logits at each of the 1 + k positions) and keeps the longest run
+    the target model agrees with, plus one token of its own."""
+
+    method: str = "ngram"  # "ngram" | "suffix" ("draft_model": not built yet)
+    num_speculative_tokens: int = 4
+    # ngram: the longest / shortest suffix n-gram looked up in the request's own tokens
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 2
+    # No proposals in steps with more running requests than this: a large batch is no longer
+    # bound by reading the weights, so verifying rejected tokens costs real compute there.
+    disable_by_batch_size: int = 32
+    # suffix: tree depth (the longest pattern matched), how many finished requests the global
+    # tree remembers, proposal length cap as a multiple of the matched length, and the lowest
+    # frequency-estimated probability a proposed token may have.
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 1000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
+    model: str | None = None  # draft_model: the draft's path or configs/ name
+
+    def __post_init__(self) -> None:
+        where = "speculative_config"
+        if self.method not in SPEC_METHODS:
+            raise ValueError(
+                f"{where}.method: unknown method {self.method!r}; expected one of "
+                f"{', '.join(SPEC_METHODS)}."
+            )
+        if self.method == "draft_model":
+            raise ValueError(
+                f"{where}.method: 'draft_model' is not supported yet; use 'ngram' or 'suffix'."
+            )
+        if not 1 <= self.num_speculative_tokens <= 32:
+            raise ValueError(
+                f"{where}.num_speculative_tokens must be in [1, 32], got "
+                f"{self.num_speculative_tokens}."
+            )
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(
+                f"{where}.prompt_lookup_min/prompt_lookup_max: need 1 <= min <= max, got "
+                f"{self.prompt_lookup_min} and {self.prompt_lookup_max}."
+            )
+        if self.disable_by_batch_size < 1:
+            raise ValueError(
+                f"{where}.disable_by_batch_size must be at least 1, got {self.disable_by_batch_size}."
+            )
+        if self.suffix_decoding_max_tree_depth < 1 or self.suffix_decoding_max_cached_requests < 0:
+            raise ValueError(
+                f"{where}.suffix_decoding_max_tree_depth must be >= 1 and "
+                "suffix_decoding_max_cached_requests >= 0."
+            )
+        if self.suffix_decoding_max_spec_factor <= 0 or not 0 <= self.suffix_decoding_min_token_prob <= 1:
+            raise ValueError(
+                f"{where}.suffix_decoding_max_spec_factor must be > 0 and "
+                "suffix_decoding_min_token_prob in [0, 1]."
+            )
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> SpeculativeConfig:
+        """A JSON object's keys and values; an unknown key or a wrong type raises ValueError
+        naming it."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        types = {"str": str, "int": int, "float": (int, float), "str | None": (str, type(None))}
+        for key, value in values.items():
+            if key not in known:
+                raise ValueError(
+                    f"speculative_config: unknown key {key!r}; known keys: {', '.join(known)}."
+                )
+            want = types[str(known[key].type)]
+            if isinstance(value, bool) or not isinstance(value, want):
+                raise ValueError(
+                    f"speculative_config.{key}: expected {known[key].type}, got {value!r}."
+                )
+        return cls(**values)
+
 # -- the kernels' switches ------------------------------------------------------------------------
 # Each field's metadata holds its one-line description ("doc") and, where one seeds its default,
 # the environment variable ("env"); ``--kernel-config``'s help and the README's table read them.
@@ -368,3 +451,4 @@ class EngineConfig:
     async_scheduling: bool  # schedule step N+1 before step N's tokens are back
     piecewise_graph_max_tokens: int  # prefill/mixed steps up to this many tokens: graphs
     kernel_config: KernelConfig  # the kernels' fast paths and launch settings
+    speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding

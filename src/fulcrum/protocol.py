@@ -107,6 +107,12 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     prefix_cache_hits: int = 0  # prompt tokens found (cumulative)
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    # speculative decoding (cumulative): verify steps with guesses, guesses, guesses accepted,
+    # and guesses accepted at each position 1..k
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = []
 
 
 class EngineCoreOutputs(msgspec.Struct, omit_defaults=True):

@@ -72,6 +72,7 @@ class Request:
         self.num_preemptions = 0
         self.stop_reason: int | None = None
         self.num_runner_blocks = 0  # leading blocks of its table the runner has been sent
+        self.spec_token_ids: list[int] = []  # guesses verified by the step in flight
         # Sampling needs no host-side history (penalties, min_tokens), so the next step can be
         # scheduled before this one's token is known.
         self.overlap_safe = (

@@ -159,3 +159,22 @@ def test_recommended_command_parses(tmp_path: Path, capsys) -> None:
     cmd = json.loads(out)["recommendation"]["command"]
     args = build_parser().parse_args(shlex.split(cmd)[1:])
     assert args.command == "serve" and args.schedule_policy == "lpm"
+
+
+def test_recommended_speculative_config_parses(tmp_path: Path, capsys) -> None:
+    """Decode-heavy at low concurrency: the recommendation names a method, and serve's parser
+    takes the flag as a SpeculativeConfig."""
+    import shlex
+
+    pytest.importorskip("fulcrum.entrypoints.openai.cli_serve")
+    from fulcrum.config import SpeculativeConfig
+    from fulcrum.entrypoints.cli import build_parser
+
+    rows = [_log_line(i, [7, i], i * 2.0, num_output_tokens=300) for i in range(12)]
+    rc, out, _ = _run(["analyze", str(_write(tmp_path / "s.jsonl", rows)), "--json"], capsys)
+    assert rc == 0
+    rec = json.loads(out)["recommendation"]
+    assert "--speculative-config" in rec["flags"] and not rec.get("pending_flags")
+    args = build_parser().parse_args(shlex.split(rec["command"])[1:])
+    assert isinstance(args.speculative_config, SpeculativeConfig)
+    assert args.speculative_config.method in ("ngram", "suffix")

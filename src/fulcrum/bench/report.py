@@ -16,7 +16,8 @@ A point (see ``fulcrum.bench.metrics``): ``max_concurrency`` (null: uncapped),
 SLOs), ``mean_concurrency``, ``peak_concurrency``, ``ttft_ms`` / ``tpot_ms`` / ``itl_ms`` /
 ``e2el_ms`` as {mean, std, min, p50, p95, p99, max}, ``server`` (null without /metrics:
 {source, kv_cache_usage_max, kv_cache_usage_mean, prefix_cache_hit_rate,
-prefix_cache_queries, preemptions, peak_gpu_memory_bytes, num_samples}), and ``requests``
+prefix_cache_queries, preemptions, spec_decode_num_drafts, spec_decode_mean_acceptance_length,
+peak_gpu_memory_bytes, num_samples}), and ``requests``
 (per-request detail, only with ``--save-detailed``).
 """
 
@@ -71,6 +72,10 @@ def point_block(p: PointMetrics) -> str:
             rows.append(("Server prefix cache hit rate", f"{s['prefix_cache_hit_rate']:.1%}"))
         if s.get("preemptions") is not None:
             rows.append(("Server preemptions", f"{s['preemptions']:.0f}"))
+        if s.get("spec_decode_mean_acceptance_length") is not None:
+            rows.append(
+                ("Mean acceptance length", f"{s['spec_decode_mean_acceptance_length']:.2f}")
+            )
         if s.get("peak_gpu_memory_bytes") is not None:
             rows.append(
                 ("Server peak GPU memory (GiB)", f"{s['peak_gpu_memory_bytes'] / 2**30:.2f}")

@@ -9,6 +9,9 @@ between the scrape before and the scrape after the run:
 * ``prefix_cache_hit_rate``: delta hits / delta queries of ``*:prefix_cache_{hits,queries}_total``;
   SGLang's ``sglang:cache_hit_rate`` gauge (mean over the samples) otherwise.
 * ``preemptions``: delta of ``*:num_preemptions_total``.
+* ``spec_decode_mean_acceptance_length``: 1 + delta accepted / delta drafts of
+  ``*:spec_decode_num_{accepted_tokens,drafts}_total`` (tokens a verify step emits); only when
+  the server exposes them and verified guesses during the run.
 * ``peak_gpu_memory_bytes``: the largest sample of any gauge whose name has ``gpu`` or ``cuda``
   and ``memory`` and ends in ``bytes`` (fulcrum/vLLM/SGLang do not agree on one name).
 """
@@ -84,6 +87,8 @@ class ServerFigures:
     prefix_cache_hit_rate: float | None = None
     prefix_cache_queries: float | None = None
     preemptions: float | None = None
+    spec_decode_num_drafts: float | None = None
+    spec_decode_mean_acceptance_length: float | None = None
     peak_gpu_memory_bytes: float | None = None
     num_samples: int = 0
 
@@ -165,6 +170,11 @@ def summarize(samples: list[dict[str, list[float]]]) -> ServerFigures | None:
         rates = [r for s in samples if (r := _first(s, ["sglang:cache_hit_rate"], max)) is not None]
         fig.prefix_cache_hit_rate = sum(rates) / len(rates) if rates else None
     fig.preemptions = _delta(first, last, _names("num_preemptions_total"))
+    drafts = _delta(first, last, _names("spec_decode_num_drafts_total"))
+    accepted = _delta(first, last, _names("spec_decode_num_accepted_tokens_total"))
+    if drafts and accepted is not None:
+        fig.spec_decode_num_drafts = drafts
+        fig.spec_decode_mean_acceptance_length = 1.0 + accepted / drafts
     mem = [m for s in samples if (m := gpu_memory(s)) is not None]
     fig.peak_gpu_memory_bytes = max(mem) if mem else None
     return fig

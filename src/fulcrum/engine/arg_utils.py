@@ -15,6 +15,7 @@ from fulcrum.config import (
     KernelConfig,
     ModelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     describe_kernel_config,
     resolve_device,
     resolve_dtype,
@@ -69,6 +70,9 @@ _HELP = {
     "kernel_config": "The kernels' fast paths and launch settings as JSON, e.g. "
     '\'{"pdl": {"enabled": false}, "gemv": {"max_m": 0}}\'; fields not named keep their '
     "defaults (README: Switches). Fields: ",
+    "speculative_config": "Speculative decoding as JSON in vLLM's names, e.g. "
+    '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'; methods: '
+    "ngram (prompt lookup), suffix (suffix trees over this and recent requests). Default: off.",
 }
 
 
@@ -99,6 +103,32 @@ def _cli_kernel_config(text: str) -> KernelConfig:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def parse_speculative_config(
+    value: str | Mapping[str, Any] | SpeculativeConfig | None,
+) -> SpeculativeConfig | None:
+    """``--speculative-config``'s JSON, a dict of the same shape, or a config. An unknown key,
+    a wrong type or a bad value raises ValueError naming the field."""
+    if value is None or isinstance(value, SpeculativeConfig):
+        return value
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"speculative_config: not valid JSON ({e}).") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"speculative_config: expected a JSON object, got {value!r}.")
+    return SpeculativeConfig.from_dict(value)
+
+
+def _cli_speculative_config(text: str) -> SpeculativeConfig | None:
+    try:
+        return parse_speculative_config(text)
+    except ValueError as e:  # argparse prints it with the flag's name and exits 2
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 @dataclass
 class EngineArgs:
     model: str | None = None
@@ -124,6 +154,8 @@ class EngineArgs:
     piecewise_graph_max_tokens: int = 1024
     # a KernelConfig, or a dict (JSON from the CLI) of the fields to change; None: the defaults
     kernel_config: KernelConfig | dict[str, Any] | str | None = None
+    # a SpeculativeConfig, or a dict (JSON from the CLI) in vLLM's names; None: no speculation
+    speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -134,6 +166,11 @@ class EngineArgs:
             if f.name == "kernel_config":  # JSON text, parsed (and checked) with the config
                 g.add_argument(
                     flag, type=_cli_kernel_config, default=None, help=_kernel_config_help()
+                )
+                continue
+            if f.name == "speculative_config":
+                g.add_argument(
+                    flag, type=_cli_speculative_config, default=None, help=_HELP[f.name]
                 )
                 continue
             if isinstance(default, bool):
@@ -180,6 +217,13 @@ class EngineArgs:
                 f"{self.piecewise_graph_max_tokens}."
             )
         kernel_config = parse_kernel_config(self.kernel_config)
+        spec_config = parse_speculative_config(self.speculative_config)
+        if spec_config is not None and spec_config.num_speculative_tokens >= self.max_num_batched_tokens:
+            raise ValueError(
+                "speculative_config.num_speculative_tokens: "
+                f"{spec_config.num_speculative_tokens} proposed tokens plus one do not fit "
+                f"max_num_batched_tokens={self.max_num_batched_tokens}."
+            )
         from fulcrum.quant import get_quant_method
 
         quant = get_quant_method(self.quantization)  # unknown name: ValueError naming the field
@@ -222,6 +266,7 @@ class EngineArgs:
             or (self.async_scheduling == "auto" and device.type == "cuda"),
             piecewise_graph_max_tokens=self.piecewise_graph_max_tokens,
             kernel_config=kernel_config,
+            speculative_config=spec_config,
         )
 
 

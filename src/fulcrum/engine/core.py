@@ -70,7 +70,7 @@ class EngineCore:
         self.structured = _structured_manager(config, eos)
         self.scheduler = Scheduler(
             sc, config.cache_config, num_blocks, config.model_config.vocab_size, eos,
-            self.structured,
+            self.structured, config.speculative_config,
         )
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s); max_model_len %d holds %.1f "
@@ -137,7 +137,7 @@ class EngineCore:
     def _collect(self, inflight: tuple[SchedulerOutput, StepHandle]) -> list[EngineCoreOutput]:
         sched_out, handle = inflight
         sampled, logprobs = self.runner.collect(handle)
-        return self.scheduler.update(sched_out, sampled, logprobs)
+        return self.scheduler.update(sched_out, sampled, logprobs, handle.num_tokens)
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.stats()

@@ -83,7 +83,12 @@ class OutputProcessor:
             if params.logprobs is not None:
                 seqs[-1].cumulative_logprob = 0.0
         self.states[request_id] = _ReqState(
-            request_id, prompt, prompt_token_ids, params, stream, seqs,
+            request_id,
+            prompt,
+            prompt_token_ids,
+            params,
+            stream,
+            seqs,
             RequestMetrics(arrival_time if arrival_time is not None else time.time()),
         )
 
@@ -99,7 +104,7 @@ class OutputProcessor:
         now = time.time()
         touched: dict[str, set[int]] = {}
         to_abort: list[str] = []
-        for o in outputs:
+        for o in _one_token_each(outputs):
             st = self.states.get(o.request_id)
             if st is None or o.index >= len(st.seqs):
                 continue
@@ -173,25 +178,74 @@ class OutputProcessor:
                 seq.sent_logprobs = len(seq.logprobs)
             outs.append(
                 CompletionOutput(
-                    i, text, seq.token_ids[seq.sent_tokens : n_tok], seq.finish_reason,
-                    seq.stop_reason, lps, seq.cumulative_logprob,
+                    i,
+                    text,
+                    seq.token_ids[seq.sent_tokens : n_tok],
+                    seq.finish_reason,
+                    seq.stop_reason,
+                    lps,
+                    seq.cumulative_logprob,
                 )
             )
             seq.sent_tokens = n_tok
         return RequestOutput(
-            st.request_id, st.prompt, st.prompt_token_ids, outs, st.finished,
-            st.num_cached_tokens, st.metrics,
+            st.request_id,
+            st.prompt,
+            st.prompt_token_ids,
+            outs,
+            st.finished,
+            st.num_cached_tokens,
+            st.metrics,
         )
 
     def _final_output(self, st: _ReqState) -> RequestOutput:
         outs = [
             CompletionOutput(
-                s.index, self._text(s), list(s.token_ids), s.finish_reason, s.stop_reason,
-                s.logprobs, s.cumulative_logprob,
+                s.index,
+                self._text(s),
+                list(s.token_ids),
+                s.finish_reason,
+                s.stop_reason,
+                s.logprobs,
+                s.cumulative_logprob,
             )
             for s in st.seqs
         ]
         return RequestOutput(
-            st.request_id, st.prompt, st.prompt_token_ids, outs, True, st.num_cached_tokens,
+            st.request_id,
+            st.prompt,
+            st.prompt_token_ids,
+            outs,
+            True,
+            st.num_cached_tokens,
             st.metrics,
         )
+
+
+def _one_token_each(outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
+    """Split an output of several tokens (a speculative step's accepted run) into one per
+    token, so that a stop string ends the sequence at the token that completes it, as it does
+    without speculation, and the tokens after it are dropped."""
+    if all(len(o.new_token_ids) <= 1 for o in outputs):
+        return outputs
+    split: list[EngineCoreOutput] = []
+    for o in outputs:
+        n = len(o.new_token_ids)
+        if n <= 1:
+            split.append(o)
+            continue
+        for i, tok in enumerate(o.new_token_ids):
+            last = i == n - 1
+            split.append(
+                EngineCoreOutput(
+                    o.request_id,
+                    o.index,
+                    [tok],
+                    [o.new_logprobs[i]] if o.new_logprobs else None,
+                    finish_reason=o.finish_reason if last else None,
+                    stop_reason=o.stop_reason if last else None,
+                    num_cached_tokens=o.num_cached_tokens,
+                    first_scheduled_time=o.first_scheduled_time if i == 0 else None,
+                )
+            )
+    return split

@@ -90,6 +90,17 @@ class KVCacheManager:
         rb.blocks.extend(self.pool.allocate(need))
         return True
 
+    def truncate(self, req_id: str, num_tokens: int) -> int:
+        """Free the request's blocks beyond those holding ``num_tokens`` tokens (rejected
+        speculative tokens' slots); returns the table's new length. Cached blocks are never
+        among them: only full blocks of verified tokens enter the cache."""
+        rb = self._reqs[req_id]
+        keep = max(-(-num_tokens // self.block_size), rb.num_cached_blocks)
+        if keep < len(rb.blocks):
+            self.pool.decref(rb.blocks[keep:])
+            del rb.blocks[keep:]
+        return len(rb.blocks)
+
     def can_allocate(self, num_blocks: int) -> bool:
         return num_blocks <= self.num_available
 

@@ -40,6 +40,9 @@ class CachedRequestData:
     req_ids: list[str] = field(default_factory=list)
     new_block_ids: list[list[int] | None] = field(default_factory=list)  # None: no new block
     num_computed_tokens: list[int] = field(default_factory=list)  # before this step
+    # Where ``new_block_ids`` start in the runner's row: below its length when the scheduler
+    # freed the tail of the table (a verify step's rejected tokens).
+    block_offsets: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -49,6 +52,9 @@ class SchedulerOutput:
         request:  [ num_computed_tokens (before) | num_scheduled_tokens this step ]
         samples[i]: the step reaches the request's last token, so one token is sampled; it is
                     *pending* (``Request.num_pending``) until ``Scheduler.update`` appends it
+        speculative: [ computed | last token, d_1 .. d_k ] one step; ``update`` appends the
+                    1 to k + 1 tokens verified and moves ``num_computed_tokens`` back over
+                    the rejected guesses
     """
 
     step_id: int = 0  # the scheduler finds this step's requests by it in ``update``
@@ -64,6 +70,9 @@ class SchedulerOutput:
     # filled on the host by ``Scheduler.grammar_bitmask`` after the forward is launched and the
     # previous step's tokens are in; None when no sampled row has a grammar.
     grammar_bitmask: np.ndarray | None = None
+    # Speculative decoding: a request's guesses, scheduled after its last token (its
+    # ``num_scheduled_tokens`` is 1 + their number); logits are computed at each of them.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def num_reqs(self) -> int:

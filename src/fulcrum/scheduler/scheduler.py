@@ -10,6 +10,14 @@ prefix cache, a sampling request gets a pending token), so the next step can be 
 this one still runs on the device; ``update`` later appends the sampled tokens and applies stop
 conditions. A request known to finish by length when its pending token lands is not scheduled
 again; one that stops on a stop token wastes at most the one step already launched.
+
+Speculative decoding is the same rule: a decoding request's proposer guesses k tokens, and the
+request is scheduled for 1 + k tokens of the budget (``num_computed_tokens`` advances over all
+of them); ``update`` appends the verified ones and moves ``num_computed_tokens`` back over the
+rejected guesses, whose blocks are freed. Only verified tokens are in ``all_token_ids``, so the
+radix cache never sees a guess. Steps with guesses run one at a time (``overlap_safe`` is False
+while speculation is on): a guess is proposed from the tokens before it, and with a step in
+flight those are not known yet.
 """
 
 from __future__ import annotations
@@ -19,12 +27,15 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
-from fulcrum.config import CacheConfig, SchedulerConfig
+from fulcrum.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from fulcrum.kv_cache.manager import KVCacheManager
 from fulcrum.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
 from fulcrum.request import Request, RequestStatus
 from fulcrum.scheduler.output import NewRequestData, SchedulerOutput
 from fulcrum.scheduler.policy import order_waiting
+from fulcrum.scheduler.speculation import propose_for
+from fulcrum.spec_decode.registry import make_proposer
+from fulcrum.spec_decode.stats import SpecDecodeStats
 from fulcrum.structured.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -39,6 +50,7 @@ class Scheduler:
         vocab_size: int,
         eos_token_ids: set[int],
         structured: StructuredOutputManager | None = None,
+        spec_config: SpeculativeConfig | None = None,
     ) -> None:
         self.config = config
         self.structured = structured
@@ -56,6 +68,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.spec_config = spec_config
+        self.proposer = make_proposer(spec_config) if spec_config is not None else None
+        self.spec_stats = SpecDecodeStats(spec_config.num_speculative_tokens if spec_config else 0)
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -118,6 +133,7 @@ class Scheduler:
                     self.waiting.remove(r)
                 self.kv.free(r.key)
                 r.status = RequestStatus.FINISHED_ABORTED
+                self._on_finished(r)
                 self._aborted.append(r)
                 self._finished_keys.append(r.key)
                 self._drop_if_done(r.request_id)
@@ -127,8 +143,9 @@ class Scheduler:
 
     def overlap_safe(self) -> bool:
         """No running request's sampling needs host-side history (penalties, min_tokens), so
-        the next step may be scheduled before this one's tokens are known."""
-        return all(r.overlap_safe for r in self.running)
+        the next step may be scheduled before this one's tokens are known. Never with
+        speculation: the next step's guesses follow this step's tokens."""
+        return self.proposer is None and all(r.overlap_safe for r in self.running)
 
     # -- scheduling ---------------------------------------------------------------------------
 
@@ -153,6 +170,12 @@ class Scheduler:
             if num_new <= 0 or self._finishes_by_length(req):
                 i += 1
                 continue
+            drafts = self._propose(req, budget) if num_new == 1 else []
+            if drafts and not self.kv.allocate_slots(
+                req.key, req.num_computed_tokens + 1 + len(drafts)
+            ):
+                drafts = []  # no room for guesses: a plain decode (which may preempt)
+            num_new += len(drafts)
             while not self.kv.allocate_slots(req.key, req.num_computed_tokens + num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -160,7 +183,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                self._commit(out, reqs, req, num_new)
+                self._commit(out, reqs, req, num_new, drafts=drafts)
                 budget -= num_new
                 i += 1
                 continue
@@ -217,13 +240,31 @@ class Scheduler:
         n = req.num_tokens_with_pending
         return n - req.num_prompt_tokens >= req.params.max_tokens or n >= self.config.max_model_len
 
+    def _propose(self, req: Request, budget: int) -> list[int]:
+        if self.proposer is None or self.spec_config is None:
+            return []
+        return propose_for(
+            self.proposer, self.spec_config, req, budget, len(self.running),
+            self.config.max_model_len,
+        )
+
     def _commit(
-        self, out: SchedulerOutput, reqs: list[Request], req: Request, num_new: int, new: bool = False
+        self,
+        out: SchedulerOutput,
+        reqs: list[Request],
+        req: Request,
+        num_new: int,
+        new: bool = False,
+        drafts: list[int] | None = None,
     ) -> None:
         """Add ``req`` to the step (whole, if ``new`` to the runner; else what changed since its
         last step) and advance it as if the step had already run."""
         start = req.num_computed_tokens
-        samples = start + num_new == req.num_tokens_with_pending
+        drafts = drafts or []
+        if drafts:
+            out.scheduled_spec_decode_tokens[req.key] = drafts
+        req.spec_token_ids = drafts
+        samples = start + num_new - len(drafts) == req.num_tokens_with_pending
         blocks = self.kv.block_table(req.key)
         if new:
             out.scheduled_new_reqs.append(
@@ -238,6 +279,7 @@ class Scheduler:
             sent = req.num_runner_blocks
             cached.new_block_ids.append(blocks[sent:] if len(blocks) > sent else None)
             cached.num_computed_tokens.append(start)
+            cached.block_offsets.append(sent)
         req.num_runner_blocks = len(blocks)
         reqs.append(req)
         out.num_scheduled_tokens.append(num_new)
@@ -303,31 +345,48 @@ class Scheduler:
         out: SchedulerOutput,
         sampled: list[int],
         logprobs: list[Logprobs | None] | None = None,
+        num_tokens: list[int] | None = None,
     ) -> list[EngineCoreOutput]:
-        """Append one step's sampled tokens (one per ``out.samples`` entry) and apply stops.
+        """Append one step's sampled tokens and apply stops: ``num_tokens[i]`` tokens (default
+        one) for the i-th ``out.samples`` entry that samples, in order in ``sampled``; a verify
+        step's row has 1 to k + 1 (its agreeing guesses and one token of the target's).
 
-        A request that finished or was aborted since the step was scheduled drops its token."""
+        A request that finished or was aborted since the step was scheduled drops its tokens."""
         results: list[EngineCoreOutput] = []
-        k = 0
+        k = row = 0
         reqs = self._steps.pop(out.step_id, [])
         for req, samples in zip(reqs, out.samples, strict=True):
             if not samples:
                 continue  # a prefill chunk: nothing sampled
-            tok = sampled[k]
-            lp = logprobs[k] if logprobs is not None else None
-            k += 1
+            c = num_tokens[row] if num_tokens is not None else 1
+            row += 1
+            toks = sampled[k : k + c]
+            lps = logprobs[k : k + c] if logprobs is not None else [None] * c
+            k += c
             req.num_pending -= 1
+            drafts, req.spec_token_ids = req.spec_token_ids, []
+            if drafts:
+                self.spec_stats.record(len(drafts), c - 1)
+                if req.status == RequestStatus.RUNNING:  # roll back over the rejected guesses
+                    req.num_computed_tokens -= len(drafts) - (c - 1)
             if req.status.finished:
                 continue
-            req.append_token(tok)
-            if req.matcher is not None and not req.matcher.accept_token(tok):
-                logger.warning("request %s: token %d rejected by its grammar", req.key, tok)
-            self.generation_tokens_total += 1
-            finish = self._check_stop(req, tok)
-            first = req.num_output_tokens == 1
+            first = req.num_output_tokens == 0
+            new: list[int] = []
+            finish = None
+            for tok in toks:
+                req.append_token(tok)
+                new.append(tok)
+                if req.matcher is not None and not req.matcher.accept_token(tok):
+                    logger.warning("request %s: token %d rejected by its grammar", req.key, tok)
+                self.generation_tokens_total += 1
+                finish = self._check_stop(req, tok)
+                if finish is not None:
+                    break
+            kept = [lp for lp in lps[: len(new)] if lp is not None]
             results.append(
                 EngineCoreOutput(
-                    req.request_id, req.index, [tok], [lp] if lp is not None else None,
+                    req.request_id, req.index, new, kept if kept else None,
                     finish_reason=finish, stop_reason=req.stop_reason,
                     num_cached_tokens=max(req.num_cached_tokens, 0),
                     first_scheduled_time=req.first_scheduled_time if first else None,
@@ -335,6 +394,9 @@ class Scheduler:
             )
             if finish is not None:
                 self._finish(req)
+            elif drafts and req.status == RequestStatus.RUNNING:
+                kept_blocks = self.kv.truncate(req.key, req.num_computed_tokens)
+                req.num_runner_blocks = min(req.num_runner_blocks, kept_blocks)
         return results
 
     def take_aborted(self) -> list[EngineCoreOutput]:
@@ -365,7 +427,12 @@ class Scheduler:
             self.waiting.remove(req)
         self.kv.free(req.key)
         self._finished_keys.append(req.key)
+        self._on_finished(req)
         self._drop_if_done(req.request_id)
+
+    def _on_finished(self, req: Request) -> None:
+        if self.proposer is not None:
+            self.proposer.on_finished(req.key, req.all_token_ids, req.num_prompt_tokens)
 
     def _drop_if_done(self, request_id: str) -> None:
         if all(s.status.finished for s in self.requests.get(request_id, [])):
@@ -383,6 +450,10 @@ class Scheduler:
             prefix_cache_hits=self.kv.prefix_hits,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
+            spec_decode_num_drafts=self.spec_stats.num_drafts,
+            spec_decode_num_draft_tokens=self.spec_stats.num_draft_tokens,
+            spec_decode_num_accepted_tokens=self.spec_stats.num_accepted_tokens,
+            spec_decode_num_accepted_tokens_per_pos=list(self.spec_stats.accepted_per_pos),
         )
 
 

@@ -94,8 +94,11 @@ class InputBuilder:
             held.pop(req_id, None)
         cached = out.scheduled_cached_reqs
         states: list[ReqState] = []
-        for req_id, blocks in zip(cached.req_ids, cached.new_block_ids, strict=True):
+        offsets = cached.block_offsets or [None] * len(cached.req_ids)
+        for req_id, blocks, offset in zip(cached.req_ids, cached.new_block_ids, offsets, strict=True):
             st = held[req_id]
+            if offset is not None and offset < st.filled:  # the scheduler freed the tail
+                st.filled = offset
             if blocks:
                 st.append_blocks(blocks)
             states.append(st)
@@ -168,7 +171,10 @@ class InputBuilder:
             s, a, toks = int(starts[i]), int(qsl[i]), st.token_ids
             known = min(k, len(toks) - s)
             ids[a : a + known] = toks[s : s + known]
-            if known < k:  # the last input was sampled by the step still running
+            drafts = out.scheduled_spec_decode_tokens.get(st.req_id)
+            if drafts:  # a verify step: the last token, then the guesses
+                ids[a + known : a + k] = drafts
+            elif known < k:  # the last input was sampled by the step still running
                 assert known == k - 1, "at most one pending token per request"
                 dst.append(a + k - 1)
                 src.append(prev_rows[st.req_id])

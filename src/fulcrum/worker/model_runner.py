@@ -13,6 +13,12 @@ A step is launched without waiting on the device and collected later (``execute_
     logits ─► sampled ids, copied to the host asynchronously (worker/step_sampling.py: the
               argmax, the sort-free sampling kernels, or the sorting Sampler)
 
+A verify step (speculative decoding) is a general step whose requests bring their guesses as
+extra input tokens: logits are computed at the last token and at each guess, every position is
+sampled as an ordinary row, and ``collect`` keeps the agreeing run (spec_decode/rejection.py
+says why that is exact for n-gram and suffix guesses). It runs eagerly or through the piecewise
+graphs like any mixed step; the decode graphs serve one token per request only.
+
 The host-side arrays (block-table rows kept per request, ids, positions, slots) are built in
 ``worker/input_batch.py``. Start-up (sizing the KV pool, compiling ahead, capturing the graphs)
 is ``worker/startup.py``; it calls ``allocate_kv_cache`` and fills ``graphs``/``piecewise``.
@@ -34,6 +40,7 @@ from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
 from fulcrum.model.loader.weights import load_model
 from fulcrum.protocol import Logprobs
 from fulcrum.scheduler.output import SchedulerOutput
+from fulcrum.spec_decode.rejection import accept_point_mass
 from fulcrum.worker.cuda_graph import DecodeGraphs
 from fulcrum.worker.host_staging import HostStaging
 from fulcrum.worker.input_batch import InputBuilder, ReqState
@@ -153,15 +160,50 @@ class ModelRunner:
         logits, rows, ends = self._general_step(out, states, starts)
         if before_sample is not None:
             before_sample()
-        return self._sample(logits, [states[i] for i in rows], ends, None, out.grammar_bitmask)
+        spec = out.scheduled_spec_decode_tokens
+        if not spec:
+            return self._sample(logits, [states[i] for i in rows], ends, None, out.grammar_bitmask)
+        drafts = [spec.get(states[i].req_id, []) for i in rows]
+        rows_states = [states[i] for i, d in zip(rows, drafts, strict=True) for _ in range(len(d) + 1)]
+        positions = _verify_rows(ends, drafts)
+        # A request with a grammar is never speculated (its mask covers one position), so each
+        # verify row of another request repeats that request's all-allowed mask row.
+        mask = out.grammar_bitmask
+        if mask is not None:
+            mask = np.repeat(mask, [len(d) + 1 for d in drafts], axis=0)
+        handle = self._sample(logits, rows_states, positions, None, mask)
+        handle.drafts = drafts
+        return handle
 
     def collect(self, h: StepHandle) -> tuple[list[int], list[Logprobs | None] | None]:
         """Wait for a launched step; its sampled ids (and logprobs) as Python lists. Each
         request's host-side tokens grow by what it sampled."""
         sampled, logprobs = self.sampling.collect(h)
+        if h.drafts is not None:
+            return self._accept(h, sampled, logprobs)
         for st, tok in zip(h.states, sampled, strict=True):
             st.token_ids.append(tok)
         return sampled, logprobs
+
+    @staticmethod
+    def _accept(
+        h: StepHandle, sampled: list[int], logprobs: list[Logprobs | None] | None
+    ) -> tuple[list[int], list[Logprobs | None] | None]:
+        """A verify step's rows to each request's kept tokens, flat (``h.num_tokens`` each)."""
+        assert h.drafts is not None
+        kept: list[int] = []
+        kept_lps: list[Logprobs | None] = []
+        h.num_tokens = []
+        a = 0
+        for d in h.drafts:
+            toks = accept_point_mass(sampled[a : a + len(d) + 1], d)
+            h.states[a].token_ids.extend(toks)
+            kept += toks
+            if logprobs is not None:
+                kept_lps += logprobs[a : a + len(toks)]
+            h.num_tokens.append(len(toks))
+            a += len(d) + 1
+        return kept, kept_lps if logprobs is not None else None
 
     def _decode_step(
         self,
@@ -235,7 +277,11 @@ class ModelRunner:
         ids_dev = st.put("ids", gb.ids, torch.int64, out=static[0])
         self._patch(ids_dev, gb.dst, gb.src)
         pos_dev = st.put("pos", gb.positions, torch.int64, out=static[1])
-        last = st.put("last", qsl[1:][rows] - 1, torch.int64) if rows else None
+        last_rows = qsl[1:][rows] - 1
+        spec = out.scheduled_spec_decode_tokens
+        if spec:  # verify rows: logits at the last token and at each guess
+            last_rows = _verify_rows(last_rows, [spec.get(states[i].req_id, []) for i in rows])
+        last = st.put("last", last_rows, torch.int64) if rows else None
         st.fence()
         if bucket is not None:
             assert pw is not None
@@ -267,3 +313,13 @@ class ModelRunner:
             logits, states, positions, greedy, bitmask
         )
         return handle
+
+
+def _verify_rows(last: np.ndarray, drafts: list[list[int]]) -> np.ndarray:
+    """Each request's ``last`` index widened to its ``len(drafts) + 1`` verify rows::
+
+        last 9, 2 guesses -> 7, 8, 9
+    """
+    return np.concatenate(
+        [np.arange(e - len(d), e + 1, dtype=np.int64) for e, d in zip(last, drafts, strict=True)]
+    )

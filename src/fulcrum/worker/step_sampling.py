@@ -34,6 +34,10 @@ class StepHandle:
     event: torch.cuda.Event | None  # set once the copies are done (None: already done)
     states: list[ReqState]  # the sampled rows' requests
     logprobs: list[torch.Tensor] | None = None  # host (logprobs, ids, ranks)
+    # A verify step: each sampling request's guesses; its rows (one per guess, plus one) in
+    # ``sampled`` and ``states`` are consecutive. ``collect`` keeps the agreeing run.
+    drafts: list[list[int]] | None = None
+    num_tokens: list[int] | None = None  # set by collect: tokens kept per request
 
 
 class StepSampler:

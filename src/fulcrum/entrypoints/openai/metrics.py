@@ -129,6 +129,28 @@ class _SchedulerCollector(Collector):
             "prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits
         )
         yield counter("num_preemptions", "Cumulative preemptions.", s.num_preemptions_total)
+        # speculative decoding, as vLLM names it (0 while speculation is off)
+        yield counter(
+            "spec_decode_num_drafts",
+            "Verify steps of a request with guesses.",
+            s.spec_decode_num_drafts,
+        )
+        yield counter(
+            "spec_decode_num_draft_tokens", "Tokens guessed.", s.spec_decode_num_draft_tokens
+        )
+        yield counter(
+            "spec_decode_num_accepted_tokens",
+            "Guessed tokens accepted.",
+            s.spec_decode_num_accepted_tokens,
+        )
+        per_pos = CounterMetricFamily(
+            "fulcrum:spec_decode_num_accepted_tokens_per_pos",
+            "Guessed tokens accepted at each position (0: the first guess).",
+            labels=[*labels, "position"],
+        )
+        for pos, n in enumerate(s.spec_decode_num_accepted_tokens_per_pos):
+            per_pos.add_metric([name, str(pos)], n)
+        yield per_pos
 
 
 class ServerMetrics:
