@@ -165,10 +165,10 @@ class Driver:
         runner = llm.core.runner
         orig = runner.execute_async
 
-        def execute_async(out):
+        def execute_async(out, *args):
             n, tok = out.num_reqs, out.num_batched_tokens
             self._launched.append((n, tok, sum(out.num_computed_tokens) + tok))
-            return orig(out)
+            return orig(out, *args)
 
         runner.execute_async = execute_async
 

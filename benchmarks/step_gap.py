@@ -61,10 +61,10 @@ def main() -> None:
         runner.sampling.to_host,
     )
 
-    def execute_async(out):
+    def execute_async(out, *args):
         marks.append({})
         mark("e0")
-        return orig_exec(out)
+        return orig_exec(out, *args)
 
     def replay(b, n):
         mark("e1")
