@@ -75,9 +75,9 @@ def _wall_ms(core, steps: int) -> dict:
     orig = runner.execute_async
     ex: list[float] = []
 
-    def timed(out):
+    def timed(out, *args):
         t0 = time.perf_counter()
-        res = orig(out)
+        res = orig(out, *args)
         ex.append(time.perf_counter() - t0)
         return res
 
