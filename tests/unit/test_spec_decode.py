@@ -194,7 +194,7 @@ def _sched(k: int = 4, block_size: int = 4, num_blocks: int = 32, **kw) -> Sched
         num_blocks,
         100,
         {0},
-        spec,
+        spec_config=spec,
     )
 
 
