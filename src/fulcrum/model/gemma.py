@@ -24,7 +24,6 @@ from torch import nn
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
 from fulcrum.config import KernelConfig
 from fulcrum.kernels.dispatch import DEFAULT, Configured
-from fulcrum.model.layers.linear import Linear
 from fulcrum.model.layers.rotary import RotaryEmbedding
 from fulcrum.model.llama import LlamaForCausalLM, ModelArgs, _linear
 from fulcrum.quant.base import QuantMethod
@@ -216,13 +215,8 @@ class GemmaForCausalLM(LlamaForCausalLM):
         kernel_config: KernelConfig = DEFAULT,
     ) -> None:
         nn.Module.__init__(self)
-        self.args = GemmaArgs.from_gemma(hf_config, max_position)
-        self.backend = backend
-        self.model = GemmaModel(self.args, hf_config, backend, quant)
-        self.lm_head = Linear(self.args.hidden_size, self.args.vocab_size, bias=False)
-        if self.args.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self.set_kernel_config(kernel_config)
+        args = GemmaArgs.from_gemma(hf_config, max_position)
+        self._assemble(args, GemmaModel(args, hf_config, backend, quant), backend, kernel_config)
 
     def set_kernel_config(self, kc: KernelConfig) -> None:
         super().set_kernel_config(kc)

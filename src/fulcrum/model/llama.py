@@ -238,13 +238,19 @@ class LlamaForCausalLM(nn.Module):
         kernel_config: KernelConfig = DEFAULT,
     ) -> None:
         super().__init__()
-        self.args = ModelArgs.from_hf(hf_config, max_position)
-        self.backend = backend
-        self.model = LlamaModel(self.args, hf_config, backend, quant)
-        self.lm_head = Linear(self.args.hidden_size, self.args.vocab_size, bias=False)
-        if self.args.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self.set_kernel_config(kernel_config)
+        args = ModelArgs.from_hf(hf_config, max_position)
+        self._assemble(args, LlamaModel(args, hf_config, backend, quant), backend, kernel_config)
+
+    def _assemble(
+        self, args: ModelArgs, model: nn.Module, backend: AttentionBackend, kc: KernelConfig
+    ) -> None:
+        """What every causal LM here shares once its arguments and decoder stack are built: the
+        LM head (tied to the embedding where the config says so) and the kernel switches."""
+        self.args, self.backend, self.model = args, backend, model
+        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = model.embed_tokens.weight
+        self.set_kernel_config(kc)
 
     def set_kernel_config(self, kc: KernelConfig) -> None:
         """Every layer and the attention backend take ``kc`` from their next call on (a

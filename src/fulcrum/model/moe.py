@@ -126,7 +126,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
                 "mlp_only_layers / decoder_sparse_step: dense layers among the sparse ones are "
                 "not supported; every layer must be a mixture of experts."
             )
-        self.args = MoEArgs(
+        args = MoEArgs(
             **{f: getattr(base, f) for f in ModelArgs.__dataclass_fields__},
             num_experts=getattr(c, "num_local_experts", None) or c.num_experts,
             top_k=c.num_experts_per_tok,
@@ -134,12 +134,8 @@ class MixtralForCausalLM(LlamaForCausalLM):
             norm_topk=bool(getattr(c, "norm_topk_prob", False)) if qwen else True,
             moe_attr="mlp" if qwen else "block_sparse_moe",
         )
-        self.backend = backend
-        self.model = LlamaModel(self.args, hf_config, backend, quant, MoEDecoderLayer)
-        self.lm_head = Linear(self.args.hidden_size, self.args.vocab_size, bias=False)
-        if self.args.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self.set_kernel_config(kernel_config)
+        model = LlamaModel(args, hf_config, backend, quant, MoEDecoderLayer)
+        self._assemble(args, model, backend, kernel_config)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Per-expert ``w1``/``w3`` (gate/up) into ``w13`` and ``w2`` into ``w2``; the rest as
