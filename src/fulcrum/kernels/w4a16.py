@@ -225,6 +225,13 @@ def _check(x, qweight, zeros, scales, mins, group: int, bits: int) -> tuple[int,
     return m, n, k
 
 
+def _operands(x, qweight, zeros, scales, mins, group, bits) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` with unit stride along K, checked against the packed weight, and the output."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, n, _ = _check(x, qweight, zeros, scales, mins, group, bits)
+    return x, torch.empty((m, n), dtype=x.dtype, device=x.device)
+
+
 def gemv(
     x: torch.Tensor,  # [M, K], a few rows
     qweight: torch.Tensor,
@@ -237,9 +244,8 @@ def gemv(
     mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(W) (+ bias)`` for a few rows of ``x``, in ``x``'s dtype."""
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    m, n, k = _check(x, qweight, zeros, scales, mins, group, bits)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    x, out = _operands(x, qweight, zeros, scales, mins, group, bits)
+    m, n, k = x.shape[0], out.shape[1], x.shape[1]
     if m == 0:
         return out
     block_n, block_k, warps = config or (GEMV_CONFIG if x.is_cuda else INTERPRET_GEMV_CONFIG)
@@ -266,9 +272,8 @@ def gemm(
     mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(W) (+ bias)`` for a batch of rows, in ``x``'s dtype."""
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    m, n, k = _check(x, qweight, zeros, scales, mins, group, bits)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    x, out = _operands(x, qweight, zeros, scales, mins, group, bits)
+    m, n, k = x.shape[0], out.shape[1], x.shape[1]
     if m == 0:
         return out
     bm, bn, bk, warps = config or (GEMM_CONFIG if x.is_cuda else INTERPRET_GEMM_CONFIG)
