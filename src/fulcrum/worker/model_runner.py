@@ -157,13 +157,11 @@ class ModelRunner:
             if before_sample is not None:
                 before_sample()
             return self._sample(logits, states, dec[1] + 1, greedy, out.grammar_bitmask)
-        logits, rows, ends = self._general_step(out, states, starts)
+        logits, rows, ends, drafts = self._general_step(out, states, starts)
         if before_sample is not None:
             before_sample()
-        spec = out.scheduled_spec_decode_tokens
-        if not spec:
+        if drafts is None:
             return self._sample(logits, [states[i] for i in rows], ends, None, out.grammar_bitmask)
-        drafts = [spec.get(states[i].req_id, []) for i in rows]
         rows_states = [states[i] for i, d in zip(rows, drafts, strict=True) for _ in range(len(d) + 1)]
         positions = _verify_rows(ends, drafts)
         # A request with a grammar is never speculated (its mask covers one position), so each
@@ -250,9 +248,9 @@ class ModelRunner:
 
     def _general_step(
         self, out: SchedulerOutput, states: list[ReqState], starts: list[int]
-    ) -> tuple[torch.Tensor | None, list[int], np.ndarray]:
-        """Prefill chunks and mixed batches; returns logits of the rows to sample, those rows
-        and their sampled tokens' positions. Eager, or through the piecewise graphs of the token
+    ) -> tuple[torch.Tensor | None, list[int], np.ndarray, list[list[int]] | None]:
+        """Prefill chunks and mixed batches; returns logits of the rows to sample, those rows,
+        their sampled tokens' positions and, in a verify step, each row's guesses. Eager, or through the piecewise graphs of the token
         bucket that holds the step."""
         gb = self.inputs.general_batch(out, states, starts, self._prev_rows, self.block_size)
         total, qsl, rows = gb.total, gb.qsl, gb.rows
@@ -279,8 +277,9 @@ class ModelRunner:
         pos_dev = st.put("pos", gb.positions, torch.int64, out=static[1])
         last_rows = qsl[1:][rows] - 1
         spec = out.scheduled_spec_decode_tokens
-        if spec:  # verify rows: logits at the last token and at each guess
-            last_rows = _verify_rows(last_rows, [spec.get(states[i].req_id, []) for i in rows])
+        drafts = [spec.get(states[i].req_id, []) for i in rows] if spec else None
+        if drafts is not None:  # verify rows: logits at the last token and at each guess
+            last_rows = _verify_rows(last_rows, drafts)
         last = st.put("last", last_rows, torch.int64) if rows else None
         st.fence()
         if bucket is not None:
@@ -292,8 +291,8 @@ class ModelRunner:
             hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
         ends = gb.seq_lens[rows]
         if last is None:
-            return None, rows, ends
-        return self.model.compute_logits(hidden[last]), rows, ends
+            return None, rows, ends, drafts
+        return self.model.compute_logits(hidden[last]), rows, ends, drafts
 
     # -- sampling -----------------------------------------------------------------------------
 
