@@ -72,4 +72,6 @@ FULCRUM_COMPILE_AHEAD = EnvBool("FULCRUM_COMPILE_AHEAD", True)
 FULCRUM_CACHE_DIR = EnvStr("FULCRUM_CACHE_DIR", None)  # converted GGUF models (~/.cache/fulcrum)
 FULCRUM_CONFIGS_DIR = EnvStr("FULCRUM_CONFIGS_DIR", None)  # dummy-weight configs (repo configs/)
 FULCRUM_LOG_LEVEL = EnvStr("FULCRUM_LOG_LEVEL", "INFO")  # the CLI's logging level
+# debugging: write each server process's step timeline to <prefix>.core.jsonl / .api.jsonl
+FULCRUM_STEP_TRACE = EnvStr("FULCRUM_STEP_TRACE", None)
 FULCRUM_API_KEY = EnvStr("FULCRUM_API_KEY", None)  # the server's key when --api-key is not given

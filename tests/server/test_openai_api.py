@@ -320,3 +320,19 @@ def test_request_log(server: Server, client: Any) -> None:
     comp = next(r for r in records if r["conversation_id"] == "user-7")
     assert comp["endpoint"] == "completions" and comp["prompt"] == "Log me"
     assert comp["messages"] is None and comp["arrival_time"] > 1.6e9
+
+
+def test_chat_return_token_ids_one_chunk_per_token(server: Server) -> None:
+    """With return_token_ids every generated token reaches the client in its own chunk, whether
+    or not it has text yet, so clients can time tokens one by one."""
+    body = {"model": MODEL, "messages": MSG, "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    status, whole = server.json("POST", "/v1/chat/completions", body)
+    assert status == 200 and len(whole["choices"][0]["token_ids"]) == 8
+    status, data, _ = server.request("POST", "/v1/chat/completions", {**body, "stream": True})
+    assert status == 200
+    chunks = [json.loads(e[len("data: "):]) for e in data.decode().split("\n\n")[:-2]]
+    ids = [c["choices"][0]["token_ids"] for c in chunks[1:] if c["choices"]]
+    assert [len(i) for i in ids] == [1] * 8  # the role chunk first, then one chunk per step
+    assert [t for i in ids for t in i] == whole["choices"][0]["token_ids"]
+    assert "token_ids" not in chunks[0]["choices"][0]

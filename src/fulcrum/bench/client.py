@@ -2,7 +2,10 @@
 
 Works unchanged against fulcrum, vLLM and SGLang. Timing follows vLLM's benchmark:
 TTFT is the time to the first chunk carrying text, ITL the gaps between later text chunks,
-latency the time to the end of the stream. The output length is the server's
+latency the time to the end of the stream. A chunk that carries token ids (vLLM's
+``return_token_ids``, asked for with ``--extra-body '{"return_token_ids": true}'``) counts even
+when its text is empty, so tokens without visible text (special tokens, half a UTF-8 character)
+are timed one by one. The output length is the server's
 ``usage.completion_tokens`` (asked for with ``stream_options.include_usage``); without it the
 text is tokenized locally, or, lacking a tokenizer, text chunks are counted.
 """
@@ -130,8 +133,9 @@ async def send_request(
                 choices = chunk.get("choices")
                 if isinstance(choices, list):
                     saw_openai_chunk = True
-                    text = "".join(_delta_text(kind, c) for c in choices if isinstance(c, dict))
-                    if text:
+                    parts = [c for c in choices if isinstance(c, dict)]
+                    text = "".join(_delta_text(kind, c) for c in parts)
+                    if text or any(c.get("token_ids") for c in parts):
                         if not chunks:
                             res.ttft = now - st
                         else:

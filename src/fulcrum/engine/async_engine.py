@@ -32,6 +32,7 @@ from fulcrum.engine.core_client import (
 )
 from fulcrum.engine.output_processor import OutputProcessor
 from fulcrum.engine.outputs import RequestMetrics, RequestOutput
+from fulcrum.engine.step_trace import StepTrace
 from fulcrum.protocol import (
     EngineCoreOutput,
     EngineCoreOutputs,
@@ -105,6 +106,7 @@ class AsyncEngine:
         self.dead: str | None = None
         self._states: dict[str, _RequestState] = {}
         self._task: asyncio.Task[None] | None = None
+        self._trace = StepTrace.from_env("api")
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -180,6 +182,8 @@ class AsyncEngine:
                 await self._task
             self._task = None
         await asyncio.to_thread(self.client.shutdown)
+        if self._trace is not None:
+            self._trace.close()
         self._fail_all(EngineDeadError("the engine is shut down."))
 
     @property
@@ -309,6 +313,8 @@ class AsyncEngine:
 
     def _handle_outputs(self, msg: EngineCoreOutputs) -> None:
         now = time.time()
+        if self._trace is not None and msg.outputs:
+            self._trace.record({"t": now, "lag": now - msg.timestamp, "out": len(msg.outputs)})
         if msg.outputs:
             self._observe(msg.outputs, now, self._last_step_end)
             request_outputs, to_abort = self.processor.process_outputs(msg.outputs)

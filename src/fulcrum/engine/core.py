@@ -81,6 +81,8 @@ class EngineCore:
             self.runner.load_time,
         )
         self.num_steps = 0
+        # (tokens, requests, newly scheduled requests) of the last step, for the step trace
+        self.last_batch: tuple[int, int, int] = (0, 0, 0)
         self.async_scheduling = config.async_scheduling
         self._inflight: tuple[SchedulerOutput, StepHandle] | None = None
 
@@ -104,6 +106,11 @@ class EngineCore:
             outputs += self._collect(prev)
             prev = None
         sched_out = self.scheduler.schedule()
+        self.last_batch = (
+            sched_out.num_batched_tokens,
+            len(sched_out.num_scheduled_tokens),
+            len(sched_out.scheduled_new_reqs),
+        )
         if not sched_out.is_empty:
             fill: Callable[[], None] | None = None
             if self.scheduler.needs_bitmask(sched_out):

@@ -34,6 +34,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from fulcrum.engine.step_trace import StepTrace
 from fulcrum.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 
 logger = logging.getLogger(__name__)
@@ -154,16 +155,39 @@ class _CoreLoop:
         self.last_stats: SchedulerStats | None = None
 
     def run(self) -> None:
-        while self.running:
-            busy = self.core.has_unfinished_requests() or self.need_step
-            self._drain(block=not busy)
-            if not self.running:
-                break
-            if self.core.has_unfinished_requests() or self.need_step:
-                self.need_step = False
-                self._push(self.core.step())
-            else:
-                self._push_stats_if_changed()
+        trace = StepTrace.from_env("core")
+        try:
+            while self.running:
+                t0 = time.time()
+                busy = self.core.has_unfinished_requests() or self.need_step
+                self._drain(block=not busy)
+                if not self.running:
+                    break
+                if self.core.has_unfinished_requests() or self.need_step:
+                    self.need_step = False
+                    t1 = time.time()
+                    outs = self.core.step()
+                    t2 = time.time()
+                    self._push(outs)
+                    if trace is not None:
+                        tokens, reqs, new = getattr(self.core, "last_batch", (0, 0, 0))
+                        trace.record(
+                            {
+                                "t": t0,
+                                "drain": t1 - t0,
+                                "step": t2 - t1,
+                                "push": time.time() - t2,
+                                "out": len(outs.outputs),
+                                "tokens": tokens,
+                                "reqs": reqs,
+                                "new": new,
+                            }
+                        )
+                else:
+                    self._push_stats_if_changed()
+        finally:
+            if trace is not None:
+                trace.close()
 
     def _drain(self, block: bool) -> None:
         while block and self.running:

@@ -85,6 +85,12 @@ class SamplingRequest(OpenAIBaseModel):
     guided_regex: str | None = Field(None, description="structured_outputs.regex")
     guided_choice: list[str] | None = Field(None, description="structured_outputs.choice")
     guided_grammar: str | None = Field(None, description="structured_outputs.grammar")
+    return_token_ids: bool = Field(
+        False,
+        description="Add token_ids (and prompt_token_ids) to each choice, as vLLM does; a streamed "
+        "step then reaches the client even when its tokens have no text yet. Always on for "
+        "completions of a model served without a tokenizer.",
+    )
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -155,11 +161,6 @@ class CompletionRequest(SamplingRequest):
     suffix: str | None = Field(
         None, description="Not supported; must be empty.", json_schema_extra=_UNSUPPORTED_STR
     )
-    return_token_ids: bool = Field(
-        False,
-        description="Add token_ids (and prompt_token_ids) to each choice, as vLLM does; always "
-        "on for a model served without a tokenizer.",
-    )
 
 
 class TokenizeRequest(OpenAIBaseModel):
@@ -222,6 +223,7 @@ class ChatCompletionChoice(OpenAIBaseModel):
     index: int
     message: ChatResponseMessage
     logprobs: ChatChoiceLogprobs | None = None
+    token_ids: list[int] | None = None  # with return_token_ids
     finish_reason: Literal["stop", "length"] | None = None
 
 

@@ -240,21 +240,23 @@ class _ChatCtx(ResponseContext):
                         rest, calls = st.finish()
                         text += rest
                         reason = "tool_calls" if calls and reason == "stop" else reason
-                if not text and not calls and reason is None and not (req.logprobs and c.token_ids):
+                wants_ids = (req.logprobs or req.return_token_ids) and c.token_ids
+                if not text and not calls and reason is None and not wants_ids:
                     continue
                 delta: dict[str, Any] = {"content": text} if text else {}
                 if calls:
                     choices.append({"index": c.index, "delta": {"tool_calls": calls[:1]},
                                     "logprobs": None, "finish_reason": None})
                     delta["tool_calls"] = calls[1:]
-                choices.append(
-                    {
-                        "index": c.index,
-                        "delta": delta,
-                        "logprobs": self._logprobs(c),
-                        "finish_reason": reason,
-                    }
-                )
+                choice = {
+                    "index": c.index,
+                    "delta": delta,
+                    "logprobs": self._logprobs(c),
+                    "finish_reason": reason,
+                }
+                if req.return_token_ids:
+                    choice["token_ids"] = list(c.token_ids)
+                choices.append(choice)
                 if reason is not None:
                     finished.add(c.index)
                     self.finish_reason = self.finish_reason or reason
@@ -281,13 +283,14 @@ class _ChatCtx(ResponseContext):
             if self.tool_calls is not None:
                 message, has_calls = self.tool_calls.message(c.text)
                 reason = "tool_calls" if has_calls and reason == "stop" else reason
-            choices.append(
-                {
-                    "index": c.index,
-                    "message": message,
-                    "logprobs": self._logprobs(c),
-                    "finish_reason": reason,
-                }
-            )
+            choice = {
+                "index": c.index,
+                "message": message,
+                "logprobs": self._logprobs(c),
+                "finish_reason": reason,
+            }
+            if self.req.return_token_ids:
+                choice["token_ids"] = list(c.token_ids)
+            choices.append(choice)
         self.finish_reason = choices[0]["finish_reason"] if choices else None
         return choices, usage_dict(len(self.ids), self.num_output, final.num_cached_tokens)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -33,6 +34,27 @@ def _has_tokenizer(directory: str) -> bool:
     )
 
 
+def _named_tokenizer(name: str, cfg_file: str, vocab_size: int) -> str:
+    """A dummy-weights config may borrow a tokenizer (``"fulcrum_tokenizer": "embedded"``): a
+    server then has real text, chat templates and detokenization on a large model's shapes,
+    without downloading that model's tokenizer. Its vocabulary must cover the model's."""
+    if name != "embedded":
+        raise ValueError(
+            f"fulcrum_tokenizer: {cfg_file} names {name!r}; the only named tokenizer is 'embedded'."
+        )
+    from fulcrum.model.loader.default_model import default_model_path
+    from fulcrum.model.loader.gguf_loader import convert_gguf
+
+    directory = convert_gguf(default_model_path())
+    with open(os.path.join(directory, "config.json")) as fh:
+        tok_vocab = int(json.load(fh)["vocab_size"])
+    if vocab_size != tok_vocab:
+        raise ValueError(
+            f"vocab_size: {cfg_file} has {vocab_size}, the embedded tokenizer {tok_vocab}."
+        )
+    return directory
+
+
 def _load_hf_config(config_file: str):
     from fulcrum.model.loader.hf_config import load_hf_config
 
@@ -62,8 +84,10 @@ def resolve_model_config(
                 f"model: no config.json for {model!r} (looked in the path and in {CONFIGS_DIR})."
             )
         weights_path = os.path.dirname(cfg_file)
-        tok = tokenizer or (weights_path if _has_tokenizer(weights_path) else None)
         hf_config = _load_hf_config(cfg_file)
+        tok = tokenizer or (weights_path if _has_tokenizer(weights_path) else None)
+        if tok is None and getattr(hf_config, "fulcrum_tokenizer", None) is not None:
+            tok = _named_tokenizer(hf_config.fulcrum_tokenizer, cfg_file, hf_config.vocab_size)
     elif model.endswith(".gguf") or load_format == "gguf":
         if not os.path.isfile(model):
             raise ValueError(f"model: GGUF file {model!r} does not exist.")
