@@ -141,7 +141,7 @@ def tokenizer_flag(args: argparse.Namespace) -> list[str]:
 def bench_point(
     args: argparse.Namespace, url: str, traffic: str, conc: int, seed: int, result: str, log_path: str
 ) -> dict:
-    n = PROMPTS.get(conc, max(2 * conc, 8))
+    n = args.num_prompts or PROMPTS.get(conc, max(2 * conc, 8))
     cmd = [
         sys.executable, "-m", "fulcrum.entrypoints.cli", "bench", "serve",
         "--base-url", url, "--endpoint", "chat", "--num-prompts", str(n),
@@ -151,11 +151,15 @@ def bench_point(
         "--result-file", result, "--label", os.path.basename(result)[:-5], *tokenizer_flag(args),
     ]
     if traffic == "unique":
-        cmd += ["--dataset-name", "random", "--random-input-len", "1000", "--random-output-len", "200"]
+        cmd += [
+            "--dataset-name", "random", "--random-input-len", str(args.input_len),
+            "--random-output-len", str(args.output_len),
+        ]
     else:
         cmd += [
             "--dataset-name", "prefix-repetition", "--prefix-num-prefixes", "4",
-            "--prefix-len", "2000", "--prefix-suffix-len", "100", "--prefix-output-len", "200",
+            "--prefix-len", "2000", "--prefix-suffix-len", "100",
+            "--prefix-output-len", str(args.output_len),
         ]
     with open(log_path, "a") as log:
         rc = subprocess.run(cmd, env=env_with_src(), stdout=log, stderr=subprocess.STDOUT).returncode
@@ -260,6 +264,9 @@ def main() -> int:
     )
     ap.add_argument("--traffic", default="unique,prefix", help="Comma list: unique, prefix.")
     ap.add_argument("--conc", default="1,10,50,100", help="Comma list of concurrencies.")
+    ap.add_argument("--input-len", type=int, default=1000, help="unique: prompt tokens (1000).")
+    ap.add_argument("--output-len", type=int, default=200, help="Output tokens (default 200).")
+    ap.add_argument("--num-prompts", type=int, default=0, help="Requests per point (default: by c).")
     ap.add_argument("--offline", action="store_true", help="Also run the offline engine (unique).")
     ap.add_argument("--trace", action="store_true", help="Step traces of the servers.")
     ap.add_argument("--deadline", type=float, default=0, help="Skip points after this many s.")

@@ -74,6 +74,7 @@ class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
     arrival_time: float = 0.0
     cache_salt: str | None = None
     priority: int = 0
+    client_index: int = 0  # which API process sent it (its outputs go back there)
 
 
 class Logprobs(msgspec.Struct, array_like=True):

@@ -122,11 +122,14 @@ class AsyncEngine:
         stats_sink: StatsSink | None = None,
         model_config: Any = None,
         startup_timeout: float = 600.0,
+        client: CoreClient | None = None,
     ) -> AsyncEngine:
-        """Spawn the core process, wait for its handshake (loading the tokenizer meanwhile, if
-        ``load_tokenizer`` is given) and start the output handler."""
-        client = CoreClient(factory)
-        client.start()
+        """Spawn the core process (or use ``client``, attached to a core another process
+        started), wait for its handshake (loading the tokenizer meanwhile, if ``load_tokenizer``
+        is given) and start the output handler."""
+        if client is None:
+            client = CoreClient(factory)
+            client.start()
         try:
             if load_tokenizer is not None:
                 tokenizer, ready = await asyncio.gather(
@@ -156,7 +159,7 @@ class AsyncEngine:
 
     @classmethod
     async def from_engine_config(
-        cls, config: Any, *, stats_sink: StatsSink | None = None
+        cls, config: Any, *, stats_sink: StatsSink | None = None, client: CoreClient | None = None
     ) -> AsyncEngine:
         """Start on a resolved EngineConfig (``EngineArgs.create_engine_config()``); the core
         process loads the model while this process loads the tokenizer."""
@@ -172,6 +175,7 @@ class AsyncEngine:
             vocab_size=mc.vocab_size,
             stats_sink=stats_sink,
             model_config=mc,
+            client=client,
         )
 
     async def shutdown(self) -> None:

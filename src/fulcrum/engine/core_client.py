@@ -143,16 +143,21 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 class _CoreLoop:
-    """Drain the input socket, step while there is work, push outputs, block when idle."""
+    """Drain the input socket, step while there is work, push outputs, block when idle.
 
-    def __init__(self, core: EngineCoreLike, inp: zmq.Socket, out: zmq.Socket) -> None:
-        self.core, self.inp, self.out = core, inp, out
+    With several API processes (``outs`` has one socket each), a request's outputs and errors go
+    back to the process that sent it (``EngineCoreRequest.client_index``); stats and a failure
+    reach all of them."""
+
+    def __init__(self, core: EngineCoreLike, inp: zmq.Socket, outs: list[zmq.Socket]) -> None:
+        self.core, self.inp, self.outs = core, inp, outs
+        self.owner: dict[str, int] = {}  # request id -> client index, with several clients
         self.enc = msgspec.msgpack.Encoder()
         self.req_dec = msgspec.msgpack.Decoder(EngineCoreRequest)
         self.ids_dec = msgspec.msgpack.Decoder(list[str])
         self.running = True
         self.need_step = False  # an abort frees its blocks in the next step
-        self.last_stats: SchedulerStats | None = None
+        self.last_stats: list[SchedulerStats | None] = [None] * len(outs)
 
     def run(self) -> None:
         trace = StepTrace.from_env("core")
@@ -203,19 +208,22 @@ class _CoreLoop:
     def _handle(self, kind: bytes, payload: bytes) -> None:
         if kind == ADD:
             req = self.req_dec.decode(payload)
+            client = req.client_index if req.client_index < len(self.outs) else 0
             try:
                 self.core.add_request(req)
+                if len(self.outs) > 1:
+                    self.owner[req.request_id] = client
             except ValueError as e:
-                self._send(REQUEST_ERROR, RequestError(req.request_id, str(e)))
+                self._send(REQUEST_ERROR, RequestError(req.request_id, str(e)), client)
             except Exception as e:  # a bad request must not take the engine down
                 logger.exception("add_request failed for %s", req.request_id)
                 msg = f"{type(e).__name__}: {e}"
-                self._send(REQUEST_ERROR, RequestError(req.request_id, msg, False))
+                self._send(REQUEST_ERROR, RequestError(req.request_id, msg, False), client)
         elif kind == ABORT:
             self.core.abort_requests(self.ids_dec.decode(payload))
             self.need_step = True
         elif kind == STATS:
-            self.last_stats = None  # force a push
+            self.last_stats = [None] * len(self.outs)  # force a push
         elif kind == SHUTDOWN:
             self.running = False
 
@@ -224,24 +232,36 @@ class _CoreLoop:
             outs.stats = self.core.get_stats()
         if not outs.timestamp:
             outs.timestamp = time.time()
-        if outs.outputs or outs.stats != self.last_stats:
-            self.last_stats = outs.stats
-            self._send(OUTPUTS, outs)
+        if len(self.outs) == 1:
+            if outs.outputs or outs.stats != self.last_stats[0]:
+                self.last_stats[0] = outs.stats
+                self._send(OUTPUTS, outs)
+            return
+        per_client: list[list] = [[] for _ in self.outs]
+        for o in outs.outputs:
+            client = self.owner.get(o.request_id, 0)
+            if o.finish_reason is not None:
+                self.owner.pop(o.request_id, None)  # n > 1: the request's last sequence ends it
+            per_client[client].append(o)
+        for i, mine in enumerate(per_client):
+            if mine or outs.stats != self.last_stats[i]:
+                self.last_stats[i] = outs.stats
+                self._send(OUTPUTS, EngineCoreOutputs(mine, outs.stats, outs.timestamp), i)
 
     def _push_stats_if_changed(self) -> None:
-        stats = self.core.get_stats()
-        if stats != self.last_stats:
-            self.last_stats = stats
-            self._send(OUTPUTS, EngineCoreOutputs(outputs=[], stats=stats, timestamp=time.time()))
+        self._push(EngineCoreOutputs(outputs=[], stats=self.core.get_stats()))
 
-    def _send(self, kind: bytes, msg: msgspec.Struct) -> None:
-        self.out.send_multipart([kind, self.enc.encode(msg)], copy=False)
+    def _send(self, kind: bytes, msg: msgspec.Struct, client: int = 0) -> None:
+        self.outs[client].send_multipart([kind, self.enc.encode(msg)], copy=False)
 
 
 def run_engine_core(
-    factory: CoreFactory, input_addr: str, output_addr: str, parent_pid: int
+    factory: CoreFactory,
+    input_addr: str | list[str],
+    output_addr: str | list[str],
+    parent_pid: int,
 ) -> None:
-    """Entry point of the core process."""
+    """Entry point of the core process: one input and one output address per API process."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s core %(message)s")
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -249,11 +269,15 @@ def run_engine_core(
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     ctx = zmq.Context()
     inp = ctx.socket(zmq.PULL)
-    inp.connect(input_addr)
-    out = ctx.socket(zmq.PUSH)
-    out.setsockopt(zmq.SNDHWM, 0)
-    out.setsockopt(zmq.LINGER, 2000)
-    out.connect(output_addr)
+    for addr in [input_addr] if isinstance(input_addr, str) else input_addr:
+        inp.connect(addr)  # one PULL fair-queues every API process's requests
+    outs = []
+    for addr in [output_addr] if isinstance(output_addr, str) else output_addr:
+        out = ctx.socket(zmq.PUSH)
+        out.setsockopt(zmq.SNDHWM, 0)
+        out.setsockopt(zmq.LINGER, 2000)
+        out.connect(addr)
+        outs.append(out)
     enc = msgspec.msgpack.Encoder()
     core: EngineCoreLike | None = None
     try:
@@ -262,14 +286,18 @@ def run_engine_core(
         # out of the garbage collector's scans, which would otherwise stall busy-loop steps.
         gc.collect()
         gc.freeze()
-        out.send_multipart([READY, enc.encode(_describe(core))])
-        _CoreLoop(core, inp, out).run()
+        ready = enc.encode(_describe(core))
+        for out in outs:
+            out.send_multipart([READY, ready])
+        _CoreLoop(core, inp, outs).run()
     except SystemExit:
         pass
     except BaseException as e:
         tb = traceback.format_exc()
         logger.error("engine core failed:\n%s", tb)
-        out.send_multipart([DEAD, enc.encode(CoreDead(f"{type(e).__name__}: {e}"))])
+        dead = enc.encode(CoreDead(f"{type(e).__name__}: {e}"))
+        for out in outs:
+            out.send_multipart([DEAD, dead])
         raise SystemExit(1) from None
     finally:
         if core is not None:
@@ -278,22 +306,37 @@ def run_engine_core(
             except Exception:
                 logger.exception("engine core shutdown failed")
         inp.close(linger=0)
-        out.close()
+        for out in outs:
+            out.close()
         ctx.term()
 
 
 # --------------------------------------------------------------------------- server side
 
 
+def ipc_paths() -> tuple[str, str]:
+    """Fresh socket paths for one client's input and output."""
+    base = os.path.join(tempfile.gettempdir(), f"fulcrum-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    return base + "-in", base + "-out"
+
+
 class CoreClient:
     """Frontend handle of the core process: send requests/aborts, await outputs."""
 
-    def __init__(self, factory: CoreFactory, *, name: str = "fulcrum-engine-core") -> None:
+    def __init__(
+        self,
+        factory: CoreFactory | None,
+        *,
+        name: str = "fulcrum-engine-core",
+        paths: tuple[str, str] | None = None,
+        index: int = 0,
+    ) -> None:
         self.factory = factory
         self.name = name
-        base = os.path.join(tempfile.gettempdir(), f"fulcrum-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        self._paths = (base + "-in", base + "-out")
+        self.index = index  # this API process's place among the core's clients
+        self._paths = paths or ipc_paths()
         self.input_addr, self.output_addr = (f"ipc://{p}" for p in self._paths)
+        self._core_pid: int | None = None  # a core this client attached to, not started
         self._ctx = zmq.Context()
         self._actx = zmq.asyncio.Context.shadow(self._ctx.underlying)
         self._inp = self._ctx.socket(zmq.PUSH)
@@ -310,7 +353,18 @@ class CoreClient:
         self._closed = False
         self.ready: CoreReady | None = None
 
+    @classmethod
+    def attach(cls, paths: tuple[str, str], core_pid: int, index: int) -> CoreClient:
+        """A client of a core process that another process started (``--api-server-count``):
+        it binds its own pair of sockets, which the core connects to, and never stops the core."""
+        client = cls(None, paths=paths, index=index)
+        client._core_pid = core_pid
+        client._inp.bind(client.input_addr)
+        client._out.bind(client.output_addr)
+        return client
+
     def start(self) -> None:
+        assert self.factory is not None, "an attached client does not start a core"
         self._inp.bind(self.input_addr)
         self._out.bind(self.output_addr)
         ctx = mp.get_context("spawn")
@@ -324,9 +378,17 @@ class CoreClient:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        return self._proc.pid if self._proc is not None else self._core_pid
 
     def is_alive(self) -> bool:
+        if self._core_pid is not None:
+            try:
+                os.kill(self._core_pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                pass
+            return True
         return self._proc is not None and self._proc.is_alive()
 
     async def wait_ready(self, timeout: float = 600.0) -> CoreReady:
@@ -357,6 +419,7 @@ class CoreClient:
 
     def add_request(self, req: EngineCoreRequest) -> None:
         """Send a request; raises CoreUnreachableError when the core process is gone."""
+        req.client_index = self.index
         self._send([ADD, self._enc.encode(req)], required=True)
 
     def abort_requests(self, request_ids: list[str]) -> None:
@@ -389,7 +452,7 @@ class CoreClient:
         if self._closed:
             return
         self._closed = True
-        proc = self._proc
+        proc = self._proc  # None for an attached client: the process that started the core stops it
         if proc is not None and proc.is_alive():
             try:
                 self._inp.send_multipart([SHUTDOWN, b""], flags=zmq.NOBLOCK)

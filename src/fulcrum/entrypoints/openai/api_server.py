@@ -59,6 +59,8 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
         if state.options.log_requests_file:
             state.request_log = RequestLog(state.options.log_requests_file)
         state.engine = await engine_factory(state.metrics)
+        engine = state.engine
+        state.metrics.in_flight_source = lambda: engine.num_in_flight
         logger.info("engine ready: max_model_len=%d", state.engine.max_model_len)
         # What start-up built (the app, the tokenizer's tables, imported modules) lives as long
         # as the process: keep it out of the collector's full scans, which otherwise stall every

@@ -135,6 +135,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(default: %(default)s).",
     )
     s.add_argument(
+        "--api-server-count",
+        type=_bounded_int(1, 64),
+        default=1,
+        help="HTTP processes sharing one engine core (tokenization, detokenization and streaming "
+        "spread over them; the kernel balances connections on the one port). Use 2-4 when one "
+        "process cannot keep up with the engine's tokens/s (default: %(default)s).",
+    )
+    s.add_argument(
         "--log-requests-file",
         default=None,
         help="Append one JSON line per finished request to this file (traffic log).",
@@ -165,35 +173,26 @@ def _load_template(value: str | None) -> str | None:
     return value
 
 
-def usage_banner(host: str, port: int, model: str, has_key: bool) -> str:
-    """How to call the server, printed once it accepts requests."""
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    base = f"http://{shown}:{port}/v1"
-    auth = ' -H "Authorization: Bearer $FULCRUM_API_KEY"' if has_key else ""
-    key = "os.environ['FULCRUM_API_KEY']" if has_key else "'unused'"
-    return (
-        f"\nfulcrum is serving {model!r} at {base}\n\n"
-        f"  curl {base}/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
-        f'    -d \'{{"model": "{model}", "messages": [{{"role": "user", '
-        f'"content": "Hello!"}}]}}\'\n\n'
-        f'  python -c "import os; from openai import OpenAI; '
-        f"c = OpenAI(base_url='{base}', api_key={key}); "
-        f"print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', "
-        f"'content': 'Hello!'}}]).choices[0].message.content)\"\n"
-    )
-
-
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from fulcrum.engine.async_engine import AsyncEngine
-    from fulcrum.entrypoints.openai.api_server import DrainingServer, build_app
-    from fulcrum.entrypoints.openai.serving_base import ServeOptions, ServerState
-
     logging.getLogger("fulcrum").setLevel(args.log_level.upper())
     engine_args = EngineArgs.from_cli_args(args)
+    options = serve_options(args, engine_args)
+    # Resolve the model here so bad arguments fail with one line before the server starts.
+    engine_config = engine_args.create_engine_config()
+    if args.api_server_count > 1:
+        from fulcrum.entrypoints.openai.multi_api import run_multi_api
+
+        return run_multi_api(args, options, engine_config)
+    from fulcrum.entrypoints.openai.api_process import serve_api
+
+    return serve_api(args, options, engine_config)
+
+
+def serve_options(args: argparse.Namespace, engine_args: EngineArgs) -> Any:
+    from fulcrum.entrypoints.openai.serving_base import ServeOptions
+
     names = args.served_model_name or [args.model or DEFAULT_MODEL_NAME]
-    options = ServeOptions(
+    return ServeOptions(
         served_model_names=names,
         model_root=args.model or DEFAULT_MODEL_NAME,
         api_key=args.api_key or envs.FULCRUM_API_KEY.get() or None,
@@ -211,35 +210,3 @@ def run_serve(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
         log_requests_file=args.log_requests_file,
     )
-    state = ServerState(options)
-
-    # Resolve the model here so bad arguments fail with one line before the server starts.
-    engine_config = engine_args.create_engine_config()
-
-    async def make_engine(metrics: Any) -> AsyncEngine:
-        return await AsyncEngine.from_engine_config(engine_config, stats_sink=metrics)
-
-    app = build_app(state, make_engine)
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=args.access_log,
-        timeout_graceful_shutdown=5,
-        timeout_keep_alive=30,
-        lifespan="on",
-    )
-    banner = usage_banner(args.host, args.port, names[0], bool(options.api_key))
-
-    class _Server(DrainingServer):
-        async def startup(self, sockets: Any = None) -> None:
-            await super().startup(sockets)
-            if self.started:
-                print(banner, flush=True)
-
-    server = _Server(config, state)
-    server.run()
-    if not server.started:
-        return 1
-    return 0

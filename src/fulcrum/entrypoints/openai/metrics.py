@@ -8,9 +8,17 @@ outputs arrive (see ``AsyncEngine``'s stats sink).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -115,11 +123,12 @@ class _SchedulerCollector(Collector):
         yield gauge("kv_cache_usage_perc", "KV-cache usage (1 = 100%).", s.kv_cache_usage)
         yield gauge("kv_cache_blocks_total", "KV-cache blocks in the pool.", s.num_blocks_total)
         yield gauge("kv_cache_blocks_free", "KV-cache blocks free or evictable.", s.num_blocks_free)
-        yield gauge(
-            "num_requests_in_flight",
-            "Requests accepted by the server, not finished.",
-            self._m.num_in_flight,
-        )
+        if not self._m.multiprocess:
+            yield gauge(
+                "num_requests_in_flight",
+                "Requests accepted by the server, not finished.",
+                self._m.num_in_flight,
+            )
         yield counter(
             "prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",
@@ -160,8 +169,24 @@ class ServerMetrics:
         self.model_name = model_name
         self.stats = SchedulerStats()
         self.num_in_flight = 0
+        self.in_flight_source: Callable[[], int] | None = None  # the engine's count, when known
         self.registry = CollectorRegistry(auto_describe=True)
         r, labels = self.registry, ["model_name"]
+        # Several API processes (``--api-server-count``): prometheus_client writes each process's
+        # counters and histograms to files in this folder and a scrape sums them; the requests
+        # in flight are each process's own, so they become a summed gauge too.
+        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self._in_flight_gauge = (
+            Gauge(
+                "fulcrum:num_requests_in_flight",
+                "Requests accepted by the server, not finished.",
+                labels,
+                registry=None,
+                multiprocess_mode="livesum",
+            ).labels(model_name)
+            if self.multiprocess
+            else None
+        )
         self.registry.register(_SchedulerCollector(self))
         self._prompt_tokens = Counter(
             "fulcrum:prompt_tokens", "Prefill tokens processed.", labels, registry=r
@@ -221,6 +246,8 @@ class ServerMetrics:
     # --- stats sink (called by AsyncEngine on the event loop) ---
     def on_stats(self, stats: SchedulerStats) -> None:
         self.stats = stats
+        if self._in_flight_gauge is not None and self.in_flight_source is not None:
+            self._in_flight_gauge.set(self.in_flight_source())
 
     def on_prompt(self, num_prompt_tokens: int) -> None:
         self._prompt_tokens.inc(num_prompt_tokens)
@@ -250,4 +277,9 @@ class ServerMetrics:
         self._req_gen.observe(num_output_tokens)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        registry.register(_SchedulerCollector(self))
+        return generate_latest(registry)
