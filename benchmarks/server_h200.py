@@ -27,6 +27,7 @@ the offline engine's throughput. Results: one JSON per point (``fulcrum bench se
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import socket
@@ -206,10 +207,10 @@ def summarise_trace(prefix: str) -> dict:
     """Step durations, loop gaps, the API's delay and GC pauses from one server's trace files."""
     out: dict = {}
     for role in ("core", "api"):
-        path = f"{prefix}.{role}.jsonl"
-        if not os.path.isfile(path):
+        paths = sorted(glob.glob(f"{prefix}.{role}*.jsonl"))  # api, api1, ... per API process
+        if not paths:
             continue
-        rows = [json.loads(line) for line in open(path)]
+        rows = [json.loads(line) for path in paths for line in open(path)]
         gcs = [r for r in rows if "gc" in r]
         steps = [r for r in rows if "gc" not in r]
         d: dict = {

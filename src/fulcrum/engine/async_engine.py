@@ -106,7 +106,8 @@ class AsyncEngine:
         self.dead: str | None = None
         self._states: dict[str, _RequestState] = {}
         self._task: asyncio.Task[None] | None = None
-        self._trace = StepTrace.from_env("api")
+        index = getattr(client, "index", 0)
+        self._trace = StepTrace.from_env(f"api{index}" if index else "api")
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
