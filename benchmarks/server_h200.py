@@ -15,7 +15,7 @@ as its own chunk and TTFT/ITL are per token even when a token has no text. Each 
 runs (peak per configuration). ``--offline`` also runs the unique workload through ``LLM.generate``
 with ``max_num_seqs`` equal to the highest concurrency, in a fresh process, for the server's share of
 the offline engine's throughput. Results: one JSON per point (``fulcrum bench serve``'s format) and
-``summary.json`` under ``--out``; ``--plot`` draws the overlay.
+``summary.json`` under ``--out``; ``--plot-only`` draws the overlays from them (matplotlib).
 
     python benchmarks/server_h200.py --out DIR [--configs bf16:on,bf16:off,fp8:on,fp8:off]
         [--traffic unique,prefix] [--conc 1,10,50,100] [--offline] [--trace] [--deadline S]
@@ -30,6 +30,7 @@ import argparse
 import glob
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -85,24 +86,48 @@ class GpuMemoryPoller:
         self._thread.join(5)
 
 
-def start_server(args: argparse.Namespace, cfg: str, log_path: str, trace: str | None):
+def server_command(args: argparse.Namespace, cfg: str, port: int) -> tuple[list[str], dict]:
+    """``DTYPE:CACHE[:POLICY[:BUDGET]]`` for fulcrum; ``vllm:DTYPE:CACHE`` for the peer."""
+    if cfg.startswith("vllm"):
+        _, dtype, cache = (cfg.split(":") + ["bf16", "on"])[:3]
+        cmd = [
+            "python3", "-m", "vllm.entrypoints.cli.main", "serve", args.vllm_model,
+            "--served-model-name", "llama8b", "--load-format", "dummy", "--dtype", "bfloat16",
+            "--max-model-len", "4096", "--host", "127.0.0.1", "--port", str(port),
+            "--disable-uvicorn-access-log",
+            "--enable-prefix-caching" if cache == "on" else "--no-enable-prefix-caching",
+        ]
+        if dtype == "fp8":
+            cmd += ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]
+        env = dict(os.environ, PYTHONPATH=args.vllm_site, VLLM_USE_FLASHINFER_SAMPLER="0",
+                   VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
+        return cmd, env
     dtype, cache, *rest = cfg.split(":")
     policy = rest[0] if rest else "fcfs"
-    port = free_port()
     cmd = [
         sys.executable, "-m", "fulcrum.entrypoints.cli", "serve",
         "--model", args.model, "--load-format", "dummy", "--dtype", "bfloat16",
         "--port", str(port), "--max-model-len", "4096", "--log-level", "warning",
-        "--no-access-log", "--schedule-policy", policy, *tokenizer_flag(args),
+        "--no-access-log", "--schedule-policy", policy, *tokenizer_flag(args, cfg),
         "--enable-prefix-caching" if cache == "on" else "--no-enable-prefix-caching",
     ]
+    if len(rest) > 1:
+        cmd += ["--max-num-batched-tokens", rest[1]]
     if dtype == "fp8":
         cmd += ["--quantization", "fp8", "--kv-cache-dtype", "fp8"]
     cmd += args.serve_args.split()
-    extra = {"FULCRUM_STEP_TRACE": trace} if trace else {}
+    return cmd, env_with_src()
+
+
+def start_server(args: argparse.Namespace, cfg: str, log_path: str, trace: str | None):
+    port = free_port()
+    cmd, env = server_command(args, cfg, port)
+    if trace and not cfg.startswith("vllm"):
+        env["FULCRUM_STEP_TRACE"] = trace
     t0 = time.perf_counter()
     log = open(log_path, "w")  # noqa: SIM115 - closed by stop_server
-    proc = subprocess.Popen(cmd, env=env_with_src(extra), stdout=log, stderr=subprocess.STDOUT)
+    # its own session: vLLM's engine runs in a child process, stopped with the group
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     body = json.dumps({"model": "x", "prompt": [1, 2, 3], "max_tokens": 1}).encode()
     deadline = time.monotonic() + 600
@@ -126,21 +151,31 @@ def start_server(args: argparse.Namespace, cfg: str, log_path: str, trace: str |
 
 
 def stop_server(proc: subprocess.Popen, log) -> None:
-    proc.terminate()
+    def signal_group(sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    signal_group(signal.SIGTERM)
     try:
         proc.wait(30)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+        pass
+    signal_group(signal.SIGKILL)
+    proc.wait(10)
     log.close()
 
 
-def tokenizer_flag(args: argparse.Namespace) -> list[str]:
+def tokenizer_flag(args: argparse.Namespace, cfg: str = "") -> list[str]:
+    if cfg.startswith("vllm"):
+        return ["--tokenizer", args.vllm_model]
     return ["--tokenizer", args.tokenizer] if args.tokenizer else []
 
 
 def bench_point(
-    args: argparse.Namespace, url: str, traffic: str, conc: int, seed: int, result: str, log_path: str
+    args: argparse.Namespace, cfg: str, url: str, traffic: str, conc: int, seed: int, result: str,
+    log_path: str,
 ) -> dict:
     n = args.num_prompts or PROMPTS.get(conc, max(2 * conc, 8))
     cmd = [
@@ -149,7 +184,7 @@ def bench_point(
         "--max-concurrency", str(conc), "--ignore-eos", "--temperature", "0",
         "--num-warmups", "2", "--seed", str(seed), "--disable-tqdm",
         "--extra-body", json.dumps({"return_token_ids": True}),
-        "--result-file", result, "--label", os.path.basename(result)[:-5], *tokenizer_flag(args),
+        "--result-file", result, "--label", os.path.basename(result)[:-5], *tokenizer_flag(args, cfg),
     ]
     if traffic == "unique":
         cmd += [
@@ -248,13 +283,46 @@ def summarise_trace(prefix: str) -> dict:
     return out
 
 
+def plot_overlay(out: str) -> list[str]:
+    """One PNG per traffic kind under ``out``: every configuration's points as one line."""
+    sys.path.insert(0, SRC)
+    from fulcrum.bench.plot import plot_results
+
+    with open(os.path.join(out, "summary.json")) as fh:
+        summary = json.load(fh)
+    written = []
+    for traffic in ("unique", "prefix"):
+        docs = []
+        for cfg in summary["configs"]:
+            tag = cfg.replace(":", "-")
+            pts = []
+            for path in sorted(glob.glob(os.path.join(out, f"{tag}-{traffic}-c*.json"))):
+                with open(path) as fh:
+                    pts += json.load(fh)["points"]
+            if pts:
+                docs.append({"label": cfg, "points": pts})
+        if docs:
+            path = os.path.join(out, f"{traffic}.png")
+            plot_results(docs, path, title=f"{summary['model']}, {traffic} traffic, through the server")
+            written.append(path)
+    return written
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="Folder for the results.")
     ap.add_argument("--model", default="llama-3.1-8b-smoltok", help="configs/ name (dummy weights).")
     ap.add_argument(
         "--configs", default="bf16:on,bf16:off,fp8:on,fp8:off",
-        help="Comma list of DTYPE:CACHE[:POLICY] (bf16|fp8, on|off, fcfs|lpm).",
+        help="Comma list of DTYPE:CACHE[:POLICY[:BUDGET]] (bf16|fp8, on|off, fcfs|lpm, a "
+        "max_num_batched_tokens), or vllm[:DTYPE:CACHE] for the peer (needs --vllm-model).",
+    )
+    ap.add_argument(
+        "--vllm-model", default=None,
+        help="The peer's model folder (config.json + tokenizer: ../shared/peers/vllm's llama8b-smoltok).",
+    )
+    ap.add_argument(
+        "--vllm-site", default="/tmp/vsite", help="PYTHONPATH holding the unpacked vLLM (install.sh SITE).",
     )
     ap.add_argument(
         "--tokenizer", default=None,
@@ -271,8 +339,14 @@ def main() -> int:
     ap.add_argument("--offline", action="store_true", help="Also run the offline engine (unique).")
     ap.add_argument("--trace", action="store_true", help="Step traces of the servers.")
     ap.add_argument("--deadline", type=float, default=0, help="Skip points after this many s.")
-    ap.add_argument("--plot", action="store_true", help="Draw the overlay plot per configuration.")
+    ap.add_argument(
+        "--plot-only", action="store_true",
+        help="Only draw the overlay plots (unique.png, prefix.png) from the results in --out.",
+    )
     args = ap.parse_args()
+    if args.plot_only:
+        print("\n".join(plot_overlay(args.out)))
+        return 0
     os.makedirs(args.out, exist_ok=True)
     t_start = time.monotonic()
     concs = [int(c) for c in args.conc.split(",")]
@@ -297,7 +371,7 @@ def main() -> int:
                             break
                         res = os.path.join(args.out, f"{tag}-{traffic}-c{conc}.json")
                         seed = 1000 * conc + 100 * ti + ci
-                        p = bench_point(args, url, traffic, conc, seed, res, os.path.join(args.out, "bench.log"))
+                        p = bench_point(args, cfg, url, traffic, conc, seed, res, os.path.join(args.out, "bench.log"))
                         server = p.get("server") or {}
                         row = {
                             "out_tok_s": p["output_throughput"],
