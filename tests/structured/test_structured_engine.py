@@ -121,3 +121,41 @@ def test_unconstrained_neighbours_unchanged(llm: LLM) -> None:
     mixed = llm.generate([p, p], [plain, SamplingParams(
         temperature=0.0, max_tokens=12, structured_outputs=SO(regex="[a-z]+"))], use_tqdm=False)
     assert mixed[0].outputs[0].token_ids == alone
+
+
+def test_slow_compile_neither_spins_nor_stalls(llm: LLM) -> None:
+    """While a grammar compiles, an unconstrained request runs to its end, and once only the
+    waiting request is left the loop blocks on the compile instead of stepping empty batches."""
+    import time
+
+    backend = llm.core.structured.backend
+    real = backend.compile
+    seen: dict[str, object] = {}
+
+    def slow(params: SO) -> object:
+        # Held until the unconstrained request has finished (it must not wait for this), then
+        # one more second with only the waiting request left.
+        deadline = time.monotonic() + 60
+        while "plain" not in seen and time.monotonic() < deadline:
+            if all(r.params.structured_outputs is not None
+                   for seqs in list(llm.core.scheduler.requests.values()) for r in seqs):
+                seen["plain"] = True
+            time.sleep(0.01)
+        time.sleep(1.0)
+        return real(params)
+
+    backend.compile = slow
+    try:
+        p = _prompt(llm, "Say hi.")
+        steps = llm.core.num_steps
+        plain, constrained = llm.generate([p, p], [
+            SamplingParams(temperature=0.0, max_tokens=4),
+            SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=SO(regex="[a-z]{3}z")),
+        ], use_tqdm=False)
+        steps = llm.core.num_steps - steps
+    finally:
+        del backend.compile
+    assert len(plain.outputs[0].token_ids) == 4
+    assert re.fullmatch("[a-z]{3}z", constrained.outputs[0].text)
+    assert seen.get("plain") is True  # the unconstrained request finished during the compile
+    assert steps < 200, steps  # 1 s at <= 50 ms a wait, plus the real steps; spinning: thousands
