@@ -19,10 +19,10 @@ falls back to one step at a time while a running request's sampling needs host-s
 from __future__ import annotations
 
 import dataclasses
-from concurrent import futures
 import logging
 import time
 from collections.abc import Callable
+from concurrent import futures
 
 from fulcrum.config import EngineConfig
 from fulcrum.model.loader.hf_config import generation_eos_token_ids
