@@ -187,3 +187,60 @@ def test_multi_turn_with_tool_result(client: Any) -> None:
     c = r.choices[0]
     assert c.finish_reason in ("stop", "length", "tool_calls")
     assert c.message.content or c.message.tool_calls
+
+
+def _assemble(stream: Any) -> tuple[str, list[tuple[str, str, str]], str | None, int]:
+    """A streamed choice as (content, [(id, name, arguments)], finish_reason, argument deltas),
+    checking OpenAI's order: a call's id and name come first, in one delta, once."""
+    content, calls, reason, frags = "", {}, None, 0
+    for chunk in stream:
+        for ch in chunk.choices:
+            reason = ch.finish_reason or reason
+            content += ch.delta.content or ""
+            for tc in ch.delta.tool_calls or []:
+                if tc.index not in calls:
+                    assert tc.id and tc.type == "function" and tc.function.name, tc
+                    calls[tc.index] = [tc.id, tc.function.name, ""]
+                else:
+                    assert tc.id is None and not tc.function.name, tc
+                if tc.function.arguments:
+                    calls[tc.index][2] += tc.function.arguments
+                    frags += 1
+    return content, [tuple(calls[k]) for k in sorted(calls)], reason, frags
+
+
+def _streamed_and_whole(client: Any, **kw: Any) -> tuple[Any, tuple]:
+    whole = chat(client, **kw).choices[0]
+    return whole, _assemble(chat(client, stream=True, **kw))
+
+
+def test_streamed_forced_parallel_calls_equal_whole(client: Any) -> None:
+    msgs = [{"role": "user", "content": "Weather in Paris and the time in UTC, please."}]
+    whole, (content, calls, reason, frags) = _streamed_and_whole(
+        client, messages=msgs, tools=[WEATHER, TIME], tool_choice="required",
+        parallel_tool_calls=True, max_tokens=80)
+    assert whole.finish_reason == reason == "tool_calls"
+    expect = [(t.function.name, t.function.arguments) for t in whole.message.tool_calls]
+    assert [(n, a) for _, n, a in calls] == expect and content == ""
+    assert all(i.startswith("call_") for i, _, _ in calls)
+    assert frags > len(calls)  # arguments arrived in pieces, not one delta per call
+
+
+def test_streamed_auto_parallel_calls_equal_whole(client: Any) -> None:
+    """``auto`` with the Hermes parser; a regex makes the model write two calls after a sentence,
+    so the parser's streaming path runs on real output."""
+    regex = (r'Checking\.\n<tool_call>\n\{"name": "get_weather", "arguments": '
+             r'\{"city": "[A-Z][a-z]{2,8}"\}\}\n</tool_call>\n<tool_call>\n\{"name": "get_time", '
+             r'"arguments": \{"tz": "(UTC|CET)"\}\}\n</tool_call>')
+    msgs = [{"role": "user", "content": "Weather in Paris and the time in UTC, please."}]
+    whole, (content, calls, reason, frags) = _streamed_and_whole(
+        client, messages=msgs, tools=[WEATHER, TIME], max_tokens=96,
+        extra_body={"structured_outputs": {"regex": regex}})
+    assert whole.finish_reason == reason == "tool_calls", whole
+    assert whole.message.content == content.strip() == "Checking."
+    expect = [(t.function.name, t.function.arguments) for t in whole.message.tool_calls]
+    assert [n for n, _ in expect] == ["get_weather", "get_time"]
+    assert [(n, a) for _, n, a in calls] == expect
+    assert frags > len(calls)
+    for (_, args), tool in zip(expect, (WEATHER, TIME), strict=True):
+        jsonschema.validate(json.loads(args), tool["function"]["parameters"])

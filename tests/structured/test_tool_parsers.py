@@ -48,16 +48,19 @@ def test_parser_for_template() -> None:
 
 def test_stream_holds_back_the_call() -> None:
     st = ToolStream(ToolCalls(get_parser("hermes")))
-    sent = "".join(st.feed(d) for d in ["Sure", ". <tool", '_call>{"name": "f", ', '"arguments": {}}'])
-    assert sent == "Sure. "
-    rest, deltas = st.finish()
-    assert rest == ""
+    fed = [st.feed(d) for d in ["Sure", ". <tool", '_call>{"name": "f", ', '"arguments": {}}']]
+    assert "".join(t for t, _ in fed) == "Sure. "
+    deltas = [d for _, ds in fed for d in ds]
     assert deltas[0]["function"] == {"name": "f", "arguments": ""} and deltas[0]["id"]
     assert deltas[1] == {"index": 0, "function": {"arguments": "{}"}}
+    assert st.finish() == "" and st.has_calls
     plain = ToolStream(ToolCalls(get_parser("hermes")))
-    assert plain.feed("a <tool") == "a "  # may be the opening text: held
-    assert plain.feed("s>") == "<tools>"
-    assert plain.finish() == ("", [])
+    assert plain.feed("a <tool") == ("a ", [])  # may be the opening text: held
+    assert plain.feed("s>") == ("<tools>", [])
+    assert plain.finish() == "" and not plain.has_calls
+    broken = ToolStream(ToolCalls(get_parser("hermes")))
+    assert broken.feed("x <tool_call>{not json") == ("x ", [])
+    assert broken.finish() == "<tool_call>{not json"  # no call was sent: it was content
 
 
 def test_forced_schema_validates_only_calls_of_the_tools() -> None:

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from concurrent import futures
 
 from fulcrum.config import EngineConfig
 from fulcrum.model.loader.hf_config import generation_eos_token_ids
@@ -39,6 +40,8 @@ from fulcrum.worker.startup import prepare_runner
 from fulcrum.worker.step_sampling import StepHandle
 
 logger = logging.getLogger(__name__)
+
+_GRAMMAR_WAIT_S = 0.05  # longest wait for a compile before the loop looks at its inputs again
 
 
 def eos_token_ids(config: EngineConfig) -> set[int]:
@@ -135,6 +138,12 @@ class EngineCore:
             outputs += self._collect(self._inflight)
             self._inflight = None
         outputs += self.scheduler.take_aborted()
+        if sched_out.is_empty and self._inflight is None and not outputs:
+            # Only requests whose grammar still compiles: block (bounded, so a serving loop
+            # still reads new requests) rather than spin on empty steps.
+            pending = self.scheduler.blocking_grammars()
+            if pending:
+                futures.wait(pending, timeout=_GRAMMAR_WAIT_S, return_when=futures.FIRST_COMPLETED)
         self.num_steps += 1
         return EngineCoreOutputs(outputs=outputs, stats=self.get_stats(), timestamp=time.time())
 

@@ -213,6 +213,15 @@ class Scheduler:
             req.matcher.accept_token(tok)
         return True
 
+    def blocking_grammars(self) -> list:
+        """The compiles every remaining request waits on (empty unless nothing else can run):
+        the core then blocks on them instead of stepping an empty schedule in a loop."""
+        if self.running or self._aborted or not self.waiting:
+            return []
+        if any(r.grammar is None or r.grammar.done() for r in self.waiting):
+            return []
+        return list({id(r.grammar): r.grammar for r in self.waiting}.values())
+
     def needs_bitmask(self, out: SchedulerOutput) -> bool:
         """Whether a sampled row of this step has a grammar."""
         reqs = self._steps.get(out.step_id, [])

@@ -235,19 +235,16 @@ class _ChatCtx(ResponseContext):
                 text, calls = c.text, []
                 if self.tool_calls is not None:
                     st = streams.setdefault(c.index, ToolStream(self.tool_calls))
-                    text = st.feed(c.text)
+                    text, calls = st.feed(c.text)
                     if reason is not None:
-                        rest, calls = st.finish()
-                        text += rest
-                        reason = "tool_calls" if calls and reason == "stop" else reason
+                        text += st.finish()
+                        reason = "tool_calls" if st.has_calls and reason == "stop" else reason
                 wants_ids = (req.logprobs or req.return_token_ids) and c.token_ids
                 if not text and not calls and reason is None and not wants_ids:
                     continue
                 delta: dict[str, Any] = {"content": text} if text else {}
                 if calls:
-                    choices.append({"index": c.index, "delta": {"tool_calls": calls[:1]},
-                                    "logprobs": None, "finish_reason": None})
-                    delta["tool_calls"] = calls[1:]
+                    delta["tool_calls"] = calls
                 choice = {
                     "index": c.index,
                     "delta": delta,

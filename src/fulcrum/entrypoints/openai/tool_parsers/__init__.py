@@ -2,10 +2,18 @@
 
 from fulcrum.entrypoints.openai.tool_parsers.base import (
     PARSERS,
+    ForcedParser,
     ParsedToolCall,
     ToolParser,
     get_parser,
     parser_for_template,
 )
 
-__all__ = ["PARSERS", "ParsedToolCall", "ToolParser", "get_parser", "parser_for_template"]
+__all__ = [
+    "PARSERS",
+    "ForcedParser",
+    "ParsedToolCall",
+    "ToolParser",
+    "get_parser",
+    "parser_for_template",
+]

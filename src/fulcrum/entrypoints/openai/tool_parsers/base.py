@@ -5,6 +5,12 @@
 ``llama3_json``  ``{"name": ..., "parameters": {...}}`` objects, ``;``-separated, optionally
              after ``<|python_tag|>``
 ``mistral``  ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]``
+``forced``   the JSON array ``[{"name": ..., "parameters": {...}}]`` that ``tool_choice``
+             ``required`` / a named tool makes the model write (tool_prompt.tool_call_schema)
+
+Each parser says where its calls begin (``find_start``) and what may stand between them
+(``gap``); the call objects themselves are read by one incremental scanner (scanner.py), the
+same for a finished text and for a stream.
 """
 
 from __future__ import annotations
@@ -12,9 +18,11 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from abc import ABC, abstractmethod
+from abc import ABC
 from dataclasses import dataclass
 from typing import Any
+
+from fulcrum.entrypoints.openai.tool_parsers.scanner import CallScanner
 
 
 @dataclass
@@ -24,90 +32,97 @@ class ParsedToolCall:
     id: str = ""
 
     def __post_init__(self) -> None:
-        self.id = self.id or f"call_{uuid.uuid4().hex[:24]}"
+        self.id = self.id or new_call_id()
 
     def as_openai(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function",
                 "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def _call(obj: Any, args_key: str = "arguments") -> ParsedToolCall | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
-    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return ParsedToolCall(obj["name"], text)
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 class ToolParser(ABC):
     name: str
-    start: str  # text that opens a tool call: streaming holds output back from here on
+    start: str  # text that opens the calls: streaming holds output back from here on
+    gap: re.Pattern[str]  # what may precede each call object, from ``start`` on
+    args_keys: tuple[str, ...] = ("arguments", "parameters")
 
-    @abstractmethod
+    def find_start(self, text: str) -> int:
+        """Where the calls begin in ``text`` (-1: not (yet) a tool call)."""
+        return text.find(self.start)
+
+    def scanner(self) -> CallScanner:
+        return CallScanner(self.gap, self.args_keys)
+
     def parse(self, text: str) -> tuple[str, list[ParsedToolCall]]:
         """The content left outside the calls, and the calls (none: plain content)."""
+        at = self.find_start(text)
+        if at < 0:
+            return text, []
+        sc = self.scanner()
+        sc.feed(text[at:])
+        calls = []
+        for c in sc.calls:
+            args = sc.streamable_arguments(c)
+            if not c.complete or c.name is None or not _is_json(args, c.args_string is not None):
+                return text, []
+            calls.append(ParsedToolCall(c.name, args))
+        if not calls:
+            return text, []
+        return self.content_before(text, at), calls
+
+    def content_before(self, text: str, at: int) -> str:
+        return text[:at].strip()
+
+
+def _is_json(args: str, is_string: bool) -> bool:
+    if is_string:
+        return True
+    try:
+        json.loads(args)
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 class HermesParser(ToolParser):
     name = "hermes"
     start = "<tool_call>"
-    _re = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-
-    def parse(self, text: str) -> tuple[str, list[ParsedToolCall]]:
-        calls = []
-        for body in self._re.findall(text):
-            try:
-                call = _call(json.loads(body))
-            except json.JSONDecodeError:
-                call = None
-            if call is None:
-                return text, []
-            calls.append(call)
-        if not calls:
-            return text, []
-        return text[: text.find(self.start)].strip(), calls
+    gap = re.compile(r"(?:\s*</tool_call>)?\s*<tool_call>\s*")
 
 
 class Llama3JsonParser(ToolParser):
     name = "llama3_json"
     start = "{"
+    gap = re.compile(r"[\s;]*")
+    args_keys = ("parameters", "arguments")
 
-    def parse(self, text: str) -> tuple[str, list[ParsedToolCall]]:
-        body = text.strip().removeprefix("<|python_tag|>").strip()
-        if not body.startswith("{"):
-            return text, []
-        dec, calls, i = json.JSONDecoder(), [], 0
-        while i < len(body):
-            try:
-                obj, i = dec.raw_decode(body, i)
-            except json.JSONDecodeError:
-                return text, []
-            call = _call(obj, "parameters")
-            if call is None:
-                return text, []
-            calls.append(call)
-            while i < len(body) and body[i] in " \n;":
-                i += 1
-        return "", calls
+    def find_start(self, text: str) -> int:
+        # Calls only when the output is nothing but calls: a brace inside prose is content.
+        at = text.find("{")
+        head = text[:at].strip().removeprefix("<|python_tag|>").strip() if at >= 0 else ""
+        return at if at >= 0 and not head else -1
+
+    def content_before(self, text: str, at: int) -> str:
+        return ""
 
 
 class MistralParser(ToolParser):
     name = "mistral"
     start = "[TOOL_CALLS]"
+    gap = re.compile(r"(?:\[TOOL_CALLS\])?\s*[\[,]?\s*")
 
-    def parse(self, text: str) -> tuple[str, list[ParsedToolCall]]:
-        at = text.find(self.start)
-        if at < 0:
-            return text, []
-        try:
-            objs = json.loads(text[at + len(self.start):].strip())
-        except json.JSONDecodeError:
-            return text, []
-        objs = objs if isinstance(objs, list) else [objs]
-        calls = [_call(o) for o in objs]
-        if not calls or any(c is None for c in calls):
-            return text, []
-        return text[:at].strip(), [c for c in calls if c is not None]
+
+class ForcedParser(ToolParser):
+    name = "forced"
+    start = ""
+    gap = re.compile(r"\s*[\[,]\s*")
+    args_keys = ("parameters",)
+
+    def find_start(self, text: str) -> int:
+        return 0
 
 
 PARSERS: dict[str, type[ToolParser]] = {
