@@ -83,8 +83,8 @@ def test_smollm2_as_its_own_draft_copy_task_and_stop_string(smollm_dir, smollm_t
     msgs = [{"role": "user", "content": "Repeat this code exactly:\n" + COPY}]
     prompt = smollm_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     params = (
-        SamplingParams(temperature=0, max_tokens=24),
-        SamplingParams(temperature=0, max_tokens=24, stop=["width"]),
+        SamplingParams(temperature=0, max_tokens=16),
+        SamplingParams(temperature=0, max_tokens=16, stop=["width"]),
     )
     plain = LLM(smollm_dir, device="cpu", dtype="float32")
     wants = [plain.generate([prompt], sp, use_tqdm=False)[0].outputs[0] for sp in params]
@@ -97,3 +97,29 @@ def test_smollm2_as_its_own_draft_copy_task_and_stop_string(smollm_dir, smollm_t
         assert got.finish_reason == want.finish_reason
     stats = fast.core.scheduler.spec_stats
     assert stats.num_accepted_tokens == stats.num_draft_tokens > 0, stats
+
+
+def test_emulated_draft_graphs_match(tiny_models, drafts):
+    """The draft's one-token passes through the decode-graph machinery (replays emulated off
+    CUDA, the triton backend in the interpreter): the same tokens, the same acceptance."""
+    from fulcrum.worker.draft_graphs import capture_draft_graphs
+
+    prompts = _prompts(6)[2:5]
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    kw = dict(device="cpu", dtype="float32", attention_backend="triton", max_num_seqs=4)
+    spec = draft_spec(drafts["noisy"], k=3)
+    eager = LLM(tiny_models["llama"], speculative_config=spec, **kw)
+    want = _toks(eager.generate(prompts, sp, use_tqdm=False))
+    assert want == _toks(LLM(tiny_models["llama"], **kw).generate(prompts, sp, use_tqdm=False))
+    llm = LLM(tiny_models["llama"], speculative_config=spec, **kw)
+    capture_draft_graphs(llm.core.runner, emulate=True)
+    graphs = llm.core.runner.draft.graphs
+    assert graphs is not None and graphs.sizes == [1, 2, 4]
+    assert _toks(llm.generate(prompts, sp, use_tqdm=False)) == want
+    assert graphs.num_replays > 0
+    a, b = eager.core.scheduler.spec_stats, llm.core.scheduler.spec_stats
+    assert (a.num_draft_tokens, a.num_accepted_tokens) == (
+        b.num_draft_tokens,
+        b.num_accepted_tokens,
+    )
+    _check_idle(llm)

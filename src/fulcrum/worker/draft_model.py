@@ -29,9 +29,11 @@ from fulcrum.attention.selector import get_backend_cls
 from fulcrum.config import EngineConfig, KernelConfig
 from fulcrum.model.loader.weights import load_model
 from fulcrum.scheduler.output import SchedulerOutput
+from fulcrum.worker.cuda_graph import DecodeGraphs
 from fulcrum.worker.draft_verify import DraftGuesses, draw, row_probs
 from fulcrum.worker.host_staging import HostStaging
 from fulcrum.worker.input_batch import ReqState
+from fulcrum.worker.sampler import greedy_argmax
 from fulcrum.worker.step_sampling import StepSampler
 
 
@@ -56,10 +58,14 @@ class DraftModel:
             heads, mc.num_kv_heads, mc.head_dim, mc.head_dim**-0.5, kernel_config=kernel_config
         )
         self.model, self.load_time = load_model(mc, self.attn_backend, dev, kernel_config)
+        self.kernel_config = kernel_config
         self.kv_caches: list[torch.Tensor] = []
         self.staging = HostStaging(dev)
         self.computed: dict[str, int] = {}  # tokens of each request with the draft's KV
         self._verifying: dict[str, tuple[int, int]] = {}  # req -> (L, k) of the step in flight
+        # One-token-per-request passes replay these (``worker/draft_graphs.py`` captures them).
+        self.graphs: DecodeGraphs | None = None
+        self._graph_event: torch.cuda.Event | None = None
 
     @property
     def bytes_per_block(self) -> int:
@@ -88,8 +94,7 @@ class DraftModel:
         """Compute the step's tokens into the draft's KV and, for each request with guesses
         scheduled, draw them; None when the step has none."""
         self.staging.wait()
-        for rid in out.finished_req_ids:
-            self.computed.pop(rid, None)
+        self.forget(out.finished_req_ids)
         for new in out.scheduled_new_reqs:  # first scheduled, or recomputed after preemption
             self.computed[new.req_id] = new.num_computed_tokens
         spec = out.scheduled_spec_decode_tokens
@@ -120,13 +125,14 @@ class DraftModel:
             [np.arange(f, e, dtype=np.int64) for f, e in zip(firsts, ends, strict=True)]
         )
         qlen = np.asarray(ends, dtype=np.int64) - np.asarray(firsts, dtype=np.int64)
-        hidden = self._forward("p1", states, np.concatenate(chunks), positions, qlen, None)
         if not spec_states:
+            self._logits("p1", states, np.concatenate(chunks), positions, qlen, None, None)
             self.staging.fence()
             return None
-        rows = torch.as_tensor(sample_rows, device=self.device)
+        rows = np.asarray(sample_rows, dtype=np.int64)
+        logits = self._logits("p1", states, np.concatenate(chunks), positions, qlen, None, rows)
         meta = sampling.metadata(spec_states)
-        probs0 = row_probs(self.model.compute_logits(hidden[rows]), meta)
+        probs0 = row_probs(logits, meta)
         n_spec, k_max = len(spec_states), max(num_guesses)
         tokens = torch.zeros(n_spec, k_max, dtype=torch.int64, device=self.device)
         probs = probs0.new_empty(n_spec, k_max, probs0.shape[1])
@@ -138,10 +144,9 @@ class DraftModel:
         for j in range(1, k_max):
             active = j < ks
             pos = np.where(active, last + j - 1, last + ks - 1)
-            hidden = self._forward(
-                f"p{j + 1}", spec_states, tokens[:, j - 1].contiguous(), pos, ones, active
-            )
-            q = row_probs(self.model.compute_logits(hidden), meta)
+            ids = tokens[:, j - 1].contiguous()
+            logits = self._logits(f"p{j + 1}", spec_states, ids, pos, ones, active, None)
+            q = row_probs(logits, meta)
             tokens[:, j] = draw(q, meta.generators)
             probs[:, j] = q
         self.staging.fence()
@@ -158,7 +163,12 @@ class DraftModel:
                 self.computed[rid] = end + min(emitted[rid] - 1, k - 1)
         self._verifying = {}
 
-    def _forward(
+    def forget(self, req_ids: list[str]) -> None:
+        """Finished or aborted requests (also those of steps that ran nothing)."""
+        for rid in req_ids:
+            self.computed.pop(rid, None)
+
+    def _logits(
         self,
         tag: str,
         states: list[ReqState],
@@ -166,19 +176,34 @@ class DraftModel:
         positions: np.ndarray,  # [tokens]
         qlen: np.ndarray,  # [requests] tokens of each
         write: np.ndarray | None,  # [tokens] whose KV is written (None: all)
+        rows: np.ndarray | None,  # token rows whose logits are wanted (None: every row)
     ) -> torch.Tensor:
-        """One eager forward of the draft over a flattened batch; each request's tokens end
-        its context."""
+        """One forward of the draft over a flattened batch (each request's tokens end its
+        context): a decode graph's replay when every request has one token, else eager."""
         bs, st = self.block_size, self.staging
         width = max(s.filled for s in states)
         table = np.stack([s.row[:width] for s in states])
-        qsl = np.zeros(len(states) + 1, dtype=np.int64)
-        np.cumsum(qlen, out=qsl[1:])
-        seq = positions[qsl[1:] - 1] + 1
         req_of_tok = np.repeat(np.arange(len(states)), qlen)
         slots = table[req_of_tok, positions // bs].astype(np.int64) * bs + positions % bs
         if write is not None:
             slots = np.where(write, slots, -1)
+        n = len(states)
+        g = self.graphs
+        if g is not None and len(positions) == n and g.bucket(n) is not None:
+            if self._graph_event is not None:  # the last staging's host buffers were read
+                self._graph_event.synchronize()
+            host_ids = ids if isinstance(ids, np.ndarray) else np.zeros(n, dtype=np.int64)
+            b = g.stage(host_ids, positions, slots, torch.from_numpy(table))
+            if isinstance(ids, torch.Tensor):
+                g.tokens[0, :n].copy_(ids)
+            if self.device.type == "cuda":
+                self._graph_event = torch.cuda.Event()
+                self._graph_event.record()
+            logits, _ = g.replay(b, n)
+            return logits if rows is None else logits[torch.as_tensor(rows, device=self.device)]
+        qsl = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(qlen, out=qsl[1:])
+        seq = positions[qsl[1:] - 1] + 1
         meta = AttentionMetadata.build(
             query_start_loc=st.put(tag + "qsl", qsl, torch.int32),
             seq_lens=st.put(tag + "seq", seq, torch.int32),
@@ -192,4 +217,18 @@ class DraftModel:
         if isinstance(ids, np.ndarray):
             ids = st.put(tag + "ids", ids, torch.int64)
         pos_dev = st.put(tag + "pos", positions, torch.int64)
-        return self.model(ids, pos_dev, self.kv_caches, meta)
+        hidden = self.model(ids, pos_dev, self.kv_caches, meta)
+        if rows is None:
+            return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden[st.put(tag + "rows", rows, torch.int64)])
+
+    def decode_logits(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        out: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode graphs' forward (``worker/cuda_graph.py``): logits and greedy ids."""
+        logits = self.model.compute_logits(self.model(input_ids, positions, self.kv_caches, meta))
+        return logits, greedy_argmax(logits, out, self.kernel_config)

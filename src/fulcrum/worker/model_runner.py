@@ -149,6 +149,8 @@ class ModelRunner:
         """Take a step's changes to the requests without running it (an empty step still
         reports finished requests)."""
         self.inputs.update_states(out)
+        if self.draft is not None:
+            self.draft.forget(out.finished_req_ids)
 
     @torch.inference_mode()
     def execute_async(
