@@ -83,8 +83,8 @@ def test_smollm2_as_its_own_draft_copy_task_and_stop_string(smollm_dir, smollm_t
     msgs = [{"role": "user", "content": "Repeat this code exactly:\n" + COPY}]
     prompt = smollm_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     params = (
-        SamplingParams(temperature=0, max_tokens=16),
-        SamplingParams(temperature=0, max_tokens=16, stop=["width"]),
+        SamplingParams(temperature=0, max_tokens=24),
+        SamplingParams(temperature=0, max_tokens=24, stop=["width"]),
     )
     plain = LLM(smollm_dir, device="cpu", dtype="float32")
     wants = [plain.generate([prompt], sp, use_tqdm=False)[0].outputs[0] for sp in params]
