@@ -7,10 +7,24 @@ from __future__ import annotations
 
 import logging
 
-from fulcrum.worker.cuda_graph import DecodeGraphs, capture_sizes
+from fulcrum.worker.cuda_graph import DecodeForward, DecodeGraphs, capture_sizes
 from fulcrum.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
+
+
+def new_decode_graphs(runner: ModelRunner, forward: DecodeForward, emulate: bool) -> DecodeGraphs:
+    """Decode graphs (not captured yet) of ``forward`` for the runner's batch buckets."""
+    return DecodeGraphs(
+        forward,
+        capture_sizes(runner.config.scheduler_config.max_num_seqs),
+        runner.max_blocks,
+        runner.block_size,
+        runner.max_model_len,
+        runner.device,
+        emulate=emulate,
+        kernel_config=runner.kernel_config,
+    )
 
 
 def capture_draft_graphs(runner: ModelRunner, emulate: bool = False) -> None:
@@ -22,16 +36,7 @@ def capture_draft_graphs(runner: ModelRunner, emulate: bool = False) -> None:
     if draft.attn_backend.name != "triton":
         logger.info("Draft-model CUDA graphs need the triton attention backend; eager.")
         return
-    graphs = DecodeGraphs(
-        draft.decode_logits,
-        capture_sizes(runner.config.scheduler_config.max_num_seqs),
-        runner.max_blocks,
-        runner.block_size,
-        runner.max_model_len,
-        runner.device,
-        emulate=emulate,
-        kernel_config=runner.kernel_config,
-    )
+    graphs = new_decode_graphs(runner, draft.decode_logits, emulate)
     try:
         dt = graphs.capture()
     except RuntimeError as e:

@@ -26,7 +26,7 @@ import torch
 
 from fulcrum.attention.backend import AttentionMetadata
 from fulcrum.worker.cuda_graph import DecodeGraphs, capture_sizes
-from fulcrum.worker.draft_graphs import capture_draft_graphs
+from fulcrum.worker.draft_graphs import capture_draft_graphs, new_decode_graphs
 from fulcrum.worker.model_runner import ModelRunner
 from fulcrum.worker.piecewise_graph import PiecewiseGraphs, token_buckets
 from fulcrum.worker.precompile import compile_ahead
@@ -171,17 +171,7 @@ def capture_graphs(runner: ModelRunner, emulate: bool = False) -> None:
     if runner.attn_backend.name != "triton":
         logger.info("CUDA graphs need the triton attention backend; running eagerly.")
         return
-    sizes = capture_sizes(runner.config.scheduler_config.max_num_seqs)
-    graphs = DecodeGraphs(
-        functools.partial(decode_logits, runner),
-        sizes,
-        runner.max_blocks,
-        runner.block_size,
-        runner.max_model_len,
-        runner.device,
-        emulate=emulate,
-        kernel_config=runner.kernel_config,
-    )
+    graphs = new_decode_graphs(runner, functools.partial(decode_logits, runner), emulate)
     # the sampler runs after each replay: compiled now too (found compiled when KV profiling
     # ran; the LM head of a zero row gives logits of the serving dtype and width)
     hidden = torch.zeros(1, runner.config.model_config.hf_config.hidden_size, device=runner.device)
