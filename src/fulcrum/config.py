@@ -153,7 +153,7 @@ class SpeculativeConfig:
     step verifies them all (logits at each of the 1 + k positions) and keeps the longest run
     the target model agrees with, plus one token of its own."""
 
-    method: str = "ngram"  # "ngram" | "suffix" ("draft_model": not built yet)
+    method: str = "ngram"  # "ngram" | "suffix" | "draft_model"
     num_speculative_tokens: int = 4
     # ngram: the longest / shortest suffix n-gram looked up in the request's own tokens
     prompt_lookup_max: int = 4
@@ -177,9 +177,10 @@ class SpeculativeConfig:
                 f"{where}.method: unknown method {self.method!r}; expected one of "
                 f"{', '.join(SPEC_METHODS)}."
             )
-        if self.method == "draft_model":
+        if (self.method == "draft_model") != (self.model is not None):
             raise ValueError(
-                f"{where}.method: 'draft_model' is not supported yet; use 'ngram' or 'suffix'."
+                f"{where}.model: the draft model's path or configs/ name, given with "
+                "method 'draft_model' and only with it."
             )
         if not 1 <= self.num_speculative_tokens <= 32:
             raise ValueError(
@@ -452,3 +453,4 @@ class EngineConfig:
     piecewise_graph_max_tokens: int  # prefill/mixed steps up to this many tokens: graphs
     kernel_config: KernelConfig  # the kernels' fast paths and launch settings
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
+    draft_model_config: ModelConfig | None = None  # speculative_config.method "draft_model"

@@ -92,3 +92,41 @@ def test_seeded_sampling_reproducible_on_cuda(tiny_llama: str):
     first = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
     again = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
     assert first == again
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("eager", [False, True])
+def test_draft_model_matches_plain_engine(tiny_llama: str, dtype: str, eager: bool):
+    """The target as its own draft (every greedy guess kept in float32): the plain engine's
+    tokens, the draft's one-token passes through its decode graphs unless eager."""
+    kw = dict(
+        device="cuda", dtype=dtype, max_num_seqs=16, max_num_batched_tokens=256,
+        num_kv_blocks=512, enforce_eager=eager,
+    )  # fmt: skip
+    prompts = _prompts(12, seed=5)
+    logprobs = None if dtype == "float32" else TOP
+    plain = LLM(tiny_llama, **kw)
+    ref, ref_top = _run(plain, prompts, logprobs)
+    del plain
+    gc.collect()
+    spec = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 4}
+    llm = LLM(tiny_llama, speculative_config=spec, **kw)
+    got, got_top = _run(llm, prompts, logprobs)
+    stats = llm.core.scheduler.spec_stats
+    assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
+    assert (llm.core.runner.draft.graphs is None) == eager
+    if dtype == "float32":
+        assert got == ref
+        assert stats.num_accepted_tokens == stats.num_draft_tokens
+    else:
+        for i in range(len(prompts)):
+            assert_first_divergence_in_top(got[i], got_top[i], ref[i], ref_top[i], f"request {i}")
+    # seeded sampling reproduces
+    sp = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=24, seed=3, ignore_eos=True)
+    first = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
+    again = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
+    assert first == again
+    llm.core.scheduler.kv.check_integrity()
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()

@@ -1,15 +1,19 @@
 """Speculative decoding is lossless: greedy tokens equal the engine without speculation (and
 Hugging Face), across chunked prefill, prefix-cache hits, preemption, n > 1, stop strings and
-ids, max_tokens inside an accepted run, min_tokens and logprobs; seeded sampling reproduces."""
+ids, max_tokens inside an accepted run, min_tokens and logprobs; seeded sampling reproduces.
+Methods: ngram, suffix, and draft_model with a noised copy of the target (some guesses kept) and
+with the target itself (all kept)."""
 
 from __future__ import annotations
-
-import random
 
 import pytest
 
 from fulcrum import LLM, SamplingParams
 from model_factory import hf_greedy
+from spec_helpers import check_idle as _check_idle
+from spec_helpers import draft_spec, make_drafts
+from spec_helpers import spec_prompts as _prompts
+from spec_helpers import toks as _toks
 
 SPECS = {
     "ngram": {
@@ -19,23 +23,10 @@ SPECS = {
         "prompt_lookup_min": 1,
     },
     "suffix": {"method": "suffix", "num_speculative_tokens": 5},
+    "draft_noisy": "noisy",  # draft_model: the draft made by the ``drafts`` fixture
+    "draft_self": "self",
 }
 KW = {"device": "cpu", "dtype": "float32", "block_size": 4}
-
-
-def _prompts(seed: int = 0) -> list[list[int]]:
-    """Repetitive prompts (the proposers find matches) and random ones."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(4):
-        unit = [rng.randrange(3, 320) for _ in range(rng.randrange(3, 7))]
-        out.append((unit * 6)[: rng.randrange(12, 30)])
-    out += [[rng.randrange(3, 320) for _ in range(rng.randrange(5, 25))] for _ in range(3)]
-    return out
-
-
-def _toks(outs) -> list[list[int]]:
-    return [list(c.token_ids) for o in outs for c in o.outputs]
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +34,19 @@ def base(tiny_models) -> LLM:
     return LLM(tiny_models["llama"], **KW)
 
 
+@pytest.fixture(scope="session")
+def drafts(tiny_models, tmp_path_factory) -> dict[str, str]:
+    return make_drafts(tiny_models["llama"], tmp_path_factory.mktemp("drafts"))
+
+
+def _config(name: str, drafts: dict[str, str]) -> dict:
+    spec = SPECS[name]
+    return draft_spec(drafts[spec]) if isinstance(spec, str) else spec
+
+
 @pytest.fixture(scope="module", params=list(SPECS))
-def spec(request, tiny_models) -> LLM:
-    return LLM(tiny_models["llama"], speculative_config=SPECS[request.param], **KW)
-
-
-def _check_idle(llm: LLM) -> None:
-    kv = llm.core.scheduler.kv
-    kv.check_integrity()
-    assert kv.num_available == kv.num_blocks
+def spec(request, tiny_models, drafts) -> LLM:
+    return LLM(tiny_models["llama"], speculative_config=_config(request.param, drafts), **KW)
 
 
 def test_greedy_matches_hf_and_accepts(tiny_models, base, spec):
@@ -75,15 +70,16 @@ def test_greedy_matches_hf_and_accepts(tiny_models, base, spec):
     _check_idle(spec)
 
 
-def test_chunked_prefill_small_budget_and_preemption(tiny_models, base):
+@pytest.mark.parametrize(("method", "blocks"), [("ngram", 24), ("draft_noisy", 14)])
+def test_chunked_prefill_small_budget_and_preemption(tiny_models, drafts, base, method, blocks):
     prompts = _prompts(1)
     sp = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     ref = _toks(base.generate(prompts, sp, use_tqdm=False))
     llm = LLM(
         tiny_models["llama"],
-        speculative_config=SPECS["ngram"],
+        speculative_config=_config(method, drafts),
         max_num_batched_tokens=7,
-        num_kv_blocks=24,
+        num_kv_blocks=blocks,
         **KW,
     )
     assert _toks(llm.generate(prompts, sp, use_tqdm=False)) == ref

@@ -17,6 +17,7 @@ from fulcrum.scheduler.scheduler import Scheduler
 from fulcrum.spec_decode import accept_point_mass, make_proposer, rejection_sample
 from fulcrum.spec_decode.ngram import ngram_lookup
 from fulcrum.spec_decode.suffix import SuffixProposer, SuffixTrie
+from spec_helpers import chi2_ok
 
 # -- proposers ----------------------------------------------------------------------------------
 
@@ -93,15 +94,6 @@ def test_accept_point_mass():
     assert accept_point_mass([3], []) == [3]
 
 
-def _chi2_ok(counts: np.ndarray, probs: np.ndarray, n: int) -> bool:
-    expected = probs * n
-    mask = expected > 0
-    assert counts[~mask].sum() == 0, "a token of probability 0 was emitted"
-    stat = float((((counts - expected) ** 2)[mask] / expected[mask]).sum())
-    dof = int(mask.sum()) - 1
-    return stat < dof + 6 * (2 * dof) ** 0.5  # far in the tail only if the law is wrong
-
-
 def test_point_mass_rule_preserves_distribution():
     """First emitted token and the second given the first agree with the target's law, for a
     guess drawn from anything (here: a fixed guess, the point-mass proposal)."""
@@ -119,8 +111,8 @@ def test_point_mass_rule_preserves_distribution():
         first[out[0]] += 1
         if len(out) > 1:
             second[out[1]] += 1
-    assert _chi2_ok(first, p0.numpy(), n)
-    assert _chi2_ok(second, p1.numpy(), int(second.sum()))
+    assert chi2_ok(first, p0.numpy(), n)
+    assert chi2_ok(second, p1.numpy(), int(second.sum()))
 
 
 def test_general_rejection_sampling_preserves_distribution():
@@ -136,7 +128,7 @@ def test_general_rejection_sampling_preserves_distribution():
         assert 1 <= len(out) <= k + 1
         first[out[0]] += 1
         accepted += len(out) - 1
-    assert _chi2_ok(first, target[0].numpy(), n)
+    assert chi2_ok(first, target[0].numpy(), n)
     # acceptance rate of the first guess is sum(min(p, q))
     assert accepted > 0
 
@@ -148,7 +140,8 @@ def test_general_rejection_sampling_preserves_distribution():
     ("value", "field"),
     [
         ({"method": "medusa"}, "speculative_config.method"),
-        ({"method": "draft_model"}, "speculative_config.method"),
+        ({"method": "draft_model"}, "speculative_config.model"),
+        ({"method": "ngram", "model": "x"}, "speculative_config.model"),
         ({"num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
         ({"prompt_lookup_min": 5, "prompt_lookup_max": 2}, "prompt_lookup_min"),
         ({"nope": 1}, "unknown key 'nope'"),

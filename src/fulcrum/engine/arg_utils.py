@@ -72,7 +72,9 @@ _HELP = {
     "defaults (README: Switches). Fields: ",
     "speculative_config": "Speculative decoding as JSON in vLLM's names, e.g. "
     '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'; methods: '
-    "ngram (prompt lookup), suffix (suffix trees over this and recent requests). Default: off.",
+    "ngram (prompt lookup), suffix (suffix trees over this and recent requests), draft_model "
+    '(a smaller model with the same vocabulary, "model": its path or configs/ name). Default: '
+    "off.",
 }
 
 
@@ -225,6 +227,7 @@ class EngineArgs:
                 f"max_num_batched_tokens={self.max_num_batched_tokens}."
             )
         from fulcrum.quant import get_quant_method
+        from fulcrum.spec_decode.draft_config import resolve_draft_config
 
         quant = get_quant_method(self.quantization)  # unknown name: ValueError naming the field
         if quant is not None:
@@ -267,6 +270,7 @@ class EngineArgs:
             piecewise_graph_max_tokens=self.piecewise_graph_max_tokens,
             kernel_config=kernel_config,
             speculative_config=spec_config,
+            draft_model_config=resolve_draft_config(spec_config, model_config),
         )
 
 

@@ -42,6 +42,8 @@ from fulcrum.protocol import Logprobs
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.spec_decode.rejection import accept_point_mass
 from fulcrum.worker.cuda_graph import DecodeGraphs
+from fulcrum.worker.draft_model import DraftModel
+from fulcrum.worker.draft_verify import DraftGuesses, verify_step
 from fulcrum.worker.host_staging import HostStaging
 from fulcrum.worker.input_batch import InputBuilder, ReqState
 from fulcrum.worker.piecewise_graph import PiecewiseGraphs
@@ -83,6 +85,10 @@ class ModelRunner:
         self._graph_ids: torch.Tensor | None = None  # greedy ids of the last graph replay
         self._prev_rows: dict[str, int] = {}
         self.timings: dict[str, float] = {"weights_s": self.load_time}
+        self.draft: DraftModel | None = None  # speculative_config.method "draft_model"
+        if config.draft_model_config is not None:
+            self.draft = DraftModel(config, self.kv_dtype, self.max_blocks, kc)
+            self.timings["draft_weights_s"] = self.draft.load_time
 
     def set_kernel_config(self, kc: KernelConfig) -> None:
         """Switch the kernels' settings of the loaded model: the layers, the attention backend,
@@ -103,7 +109,8 @@ class ModelRunner:
     def bytes_per_block(self) -> int:
         mc = self.config.model_config
         elem = torch.tensor([], dtype=self.kv_dtype).element_size()
-        return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * elem
+        per_block = 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * elem
+        return per_block + (self.draft.bytes_per_block if self.draft is not None else 0)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """The KV pool, one tensor per layer (start-up sizes it, then captures the graphs)."""
@@ -116,6 +123,8 @@ class ModelRunner:
             for _ in range(mc.num_layers)
         ]
         self.num_blocks = num_blocks
+        if self.draft is not None:  # indexed by the same block ids
+            self.draft.allocate_kv_cache(num_blocks)
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -140,6 +149,8 @@ class ModelRunner:
         """Take a step's changes to the requests without running it (an empty step still
         reports finished requests)."""
         self.inputs.update_states(out)
+        if self.draft is not None:
+            self.draft.forget(out.finished_req_ids)
 
     @torch.inference_mode()
     def execute_async(
@@ -151,13 +162,16 @@ class ModelRunner:
         self._staging.wait()  # the previous step's host → device copies are done
         states = self.inputs.update_states(out)
         starts = out.num_computed_tokens
+        guesses = None
+        if self.draft is not None:  # the draft computes the step's tokens, then guesses
+            guesses = self.draft.propose(out, states, starts, self.sampling)
         dec = self.inputs.decode_batch(out, states, starts, self._prev_rows)
         if dec is not None:
             logits, greedy = self._decode_step(*dec, states)
             if before_sample is not None:
                 before_sample()
             return self._sample(logits, states, dec[1] + 1, greedy, out.grammar_bitmask)
-        logits, rows, ends, drafts = self._general_step(out, states, starts)
+        logits, rows, ends, drafts = self._general_step(out, states, starts, guesses)
         if before_sample is not None:
             before_sample()
         if drafts is None:
@@ -169,7 +183,15 @@ class ModelRunner:
         mask = out.grammar_bitmask
         if mask is not None:
             mask = np.repeat(mask, [len(d) + 1 for d in drafts], axis=0)
-        handle = self._sample(logits, rows_states, positions, None, mask)
+        if guesses is None:
+            handle = self._sample(logits, rows_states, positions, None, mask)
+        else:
+            assert logits is not None
+            nums = [len(d) for d in drafts]
+            handle, self._prev_sampled = verify_step(
+                self.sampling, logits, rows_states, nums, guesses, mask
+            )
+            self._prev_rows = {st.req_id: i for i, st in enumerate(rows_states)}
         handle.drafts = drafts
         return handle
 
@@ -178,7 +200,12 @@ class ModelRunner:
         request's host-side tokens grow by what it sampled."""
         sampled, logprobs = self.sampling.collect(h)
         if h.drafts is not None:
-            return self._accept(h, sampled, logprobs)
+            kept = self._accept(h, sampled, logprobs)
+            if self.draft is not None and h.num_tokens is not None:
+                firsts = np.cumsum([0] + [len(d) + 1 for d in h.drafts[:-1]])
+                ids = [h.states[a].req_id for a in firsts]
+                self.draft.accepted(dict(zip(ids, h.num_tokens, strict=True)))
+            return kept
         for st, tok in zip(h.states, sampled, strict=True):
             st.token_ids.append(tok)
         return sampled, logprobs
@@ -193,8 +220,12 @@ class ModelRunner:
         kept_lps: list[Logprobs | None] = []
         h.num_tokens = []
         a = 0
-        for d in h.drafts:
-            toks = accept_point_mass(sampled[a : a + len(d) + 1], d)
+        counts = h.counts.tolist() if h.counts is not None else None
+        for r, d in enumerate(h.drafts):
+            if counts is None:
+                toks = accept_point_mass(sampled[a : a + len(d) + 1], d)
+            else:  # a draft model's verify step drew them already
+                toks = sampled[a : a + counts[r]]
             h.states[a].token_ids.extend(toks)
             kept += toks
             if logprobs is not None:
@@ -247,7 +278,11 @@ class ModelRunner:
         return self.model.compute_logits(hidden), None
 
     def _general_step(
-        self, out: SchedulerOutput, states: list[ReqState], starts: list[int]
+        self,
+        out: SchedulerOutput,
+        states: list[ReqState],
+        starts: list[int],
+        guesses: DraftGuesses | None = None,
     ) -> tuple[torch.Tensor | None, list[int], np.ndarray, list[list[int]] | None]:
         """Prefill chunks and mixed batches; returns logits of the rows to sample, those rows,
         their sampled tokens' positions and, in a verify step, each row's guesses. Eager, or through the piecewise graphs of the token
@@ -274,6 +309,9 @@ class ModelRunner:
         )
         ids_dev = st.put("ids", gb.ids, torch.int64, out=static[0])
         self._patch(ids_dev, gb.dst, gb.src)
+        if guesses is not None:  # the draft's guesses, drawn on the device
+            spec_rows = [i for i, s in enumerate(states) if out.scheduled_spec_decode_tokens.get(s.req_id)]
+            guesses.fill(ids_dev, qsl, spec_rows)
         pos_dev = st.put("pos", gb.positions, torch.int64, out=static[1])
         last_rows = qsl[1:][rows] - 1
         spec = out.scheduled_spec_decode_tokens

@@ -330,14 +330,19 @@ class Sampler(torch.nn.Module):
     @staticmethod
     def sample_random(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         """Temperature, filters, then ``argmax(probs / q)`` — one exact draw per row."""
+        probs = Sampler.random_probs(logits, meta)
+        q = exponential_noise(probs.shape, meta.generators, probs.device)
+        return probs.div_(q).argmax(dim=-1)
+
+    @staticmethod
+    def random_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """The distribution a random row draws from: temperature, top-k/top-p, min-p."""
         temperature = torch.where(meta.temperature == 0.0, 1.0, meta.temperature)
         logits = logits / temperature.unsqueeze(1)
         logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
         if meta.min_p is not None:
             logits = apply_min_p(logits, meta.min_p)
-        probs = logits.softmax(dim=-1)
-        q = exponential_noise(probs.shape, meta.generators, probs.device)
-        return probs.div_(q).argmax(dim=-1)
+        return logits.softmax(dim=-1)
 
     @staticmethod
     def gather_logprobs(

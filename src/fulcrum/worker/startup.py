@@ -8,7 +8,8 @@ Runs once, before the first step, and does no per-step work::
       │    graphs' warm-up steps over a one-block scratch cache, their Triton variants compiled
       │    in one parallel batch), then the real step, whose peak memory sizes the pool
       ├─ runner.allocate_kv_cache(num_blocks)
-      └─ (CUDA, not enforce_eager) capture_graphs: one decode graph per batch bucket;
+      └─ (CUDA, not enforce_eager) capture_graphs: one decode graph per batch bucket (and
+           the draft model's, ``draft_graphs.py``);
            capture_piecewise: prefill/mixed steps as segment graphs per token bucket
 
 A failed capture is an optimisation lost: a warning, and those steps stay eager.
@@ -25,6 +26,7 @@ import torch
 
 from fulcrum.attention.backend import AttentionMetadata
 from fulcrum.worker.cuda_graph import DecodeGraphs, capture_sizes
+from fulcrum.worker.draft_graphs import capture_draft_graphs, new_decode_graphs
 from fulcrum.worker.model_runner import ModelRunner
 from fulcrum.worker.piecewise_graph import PiecewiseGraphs, token_buckets
 from fulcrum.worker.precompile import compile_ahead
@@ -41,6 +43,7 @@ def prepare_runner(runner: ModelRunner) -> int:
     runner.allocate_kv_cache(num_blocks)
     if runner.device.type == "cuda" and not runner.config.enforce_eager:
         capture_graphs(runner)
+        capture_draft_graphs(runner)
         if runner.config.piecewise_graph_max_tokens > 0:
             capture_piecewise(runner)
     return num_blocks
@@ -168,17 +171,7 @@ def capture_graphs(runner: ModelRunner, emulate: bool = False) -> None:
     if runner.attn_backend.name != "triton":
         logger.info("CUDA graphs need the triton attention backend; running eagerly.")
         return
-    sizes = capture_sizes(runner.config.scheduler_config.max_num_seqs)
-    graphs = DecodeGraphs(
-        functools.partial(decode_logits, runner),
-        sizes,
-        runner.max_blocks,
-        runner.block_size,
-        runner.max_model_len,
-        runner.device,
-        emulate=emulate,
-        kernel_config=runner.kernel_config,
-    )
+    graphs = new_decode_graphs(runner, functools.partial(decode_logits, runner), emulate)
     # the sampler runs after each replay: compiled now too (found compiled when KV profiling
     # ran; the LM head of a zero row gives logits of the serving dtype and width)
     hidden = torch.zeros(1, runner.config.model_config.hf_config.hidden_size, device=runner.device)

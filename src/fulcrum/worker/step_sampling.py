@@ -38,6 +38,7 @@ class StepHandle:
     # ``sampled`` and ``states`` are consecutive. ``collect`` keeps the agreeing run.
     drafts: list[list[int]] | None = None
     num_tokens: list[int] | None = None  # set by collect: tokens kept per request
+    counts: torch.Tensor | None = None  # a draft model's verify step: tokens emitted per request
 
 
 class StepSampler:
@@ -73,7 +74,7 @@ class StepSampler:
             params = [st.params for st in states]
             sampled = sample_fused(logits, params, [st.index for st in states], positions)
         else:
-            result = self.sampler(logits.float(), self._metadata(states))
+            result = self.sampler(logits.float(), self.metadata(states))
             sampled = result.sampled_token_ids.to(torch.int64)
             if result.logprobs is not None:
                 extra = [result.logprobs, result.logprob_token_ids, result.sampled_ranks]
@@ -108,7 +109,7 @@ class StepSampler:
         event.record()
         return outs, event
 
-    def _metadata(self, states: list[ReqState]) -> SamplingMetadata:
+    def metadata(self, states: list[ReqState]) -> SamplingMetadata:
         for st in states:
             if st.params.seed is not None and st.generator is None:
                 st.generator = torch.Generator(device=self.device).manual_seed(
