@@ -6,15 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fulcrum.kernels.fused_moe import fused_moe, fused_moe_ref
-from fulcrum.kernels.moe_routing import (
-    align_capacity,
-    moe_align_block_size,
-    moe_align_block_size_ref,
-    topk_softmax,
-    topk_softmax_ref,
-)
+from fulcrum.kernels.fused_moe import fused_moe
+from fulcrum.kernels.moe_routing import align_capacity, moe_align_block_size, topk_softmax
 from fulcrum.kernels.quant_fp8 import per_token_quant_fp8_ref
+from fulcrum.model.layers.moe_ref import fused_moe_ref, moe_align_block_size_ref, topk_softmax_ref
 
 
 @pytest.mark.parametrize(("t", "e", "k", "renorm"), [(1, 8, 2, True), (7, 6, 2, False),

@@ -23,7 +23,6 @@ bytes).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -191,28 +190,3 @@ def fused_moe(
     route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
     _gemm(h_act, w2, y, w2_scale, route_w, align, h, 1, False, launch)
     return y if k == 1 else y.view(t, k, h).sum(dim=1)
-
-
-def fused_moe_ref(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    w13_scale: torch.Tensor | None = None,
-    w2_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The per-expert loop (transformers' order of operations): each expert that any token
-    picked runs on its rows; FP8 experts are widened and scaled first."""
-    out = torch.zeros_like(x)
-    weights = topk_weights.to(x.dtype)
-    for e in topk_ids.unique().tolist():
-        tok, slot = torch.where(topk_ids == e)
-        a, b = w13[e], w2[e]
-        if w13_scale is not None:
-            a = (a.float() * w13_scale[e, :, None]).to(x.dtype)
-            b = (b.float() * w2_scale[e, :, None]).to(x.dtype)
-        gate, up = F.linear(x[tok], a).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, b) * weights[tok, slot, None]
-        out.index_add_(0, tok, y.to(x.dtype))
-    return out

@@ -78,17 +78,6 @@ def topk_softmax(
     return weights, ids
 
 
-def topk_softmax_ref(
-    logits: torch.Tensor, top_k: int, renormalize: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain torch version of :func:`topk_softmax` (transformers' Mixtral/Qwen-MoE routers)."""
-    probs = torch.softmax(logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(-1, keepdim=True)
-    return weights, ids.to(torch.int32)
-
-
 @triton.jit
 def _align_kernel(
     ids_ptr,
@@ -160,25 +149,3 @@ def moe_align_block_size(
             BLOCK_E=triton.next_power_of_2(num_experts + 1), CHUNK=chunk, num_warps=4,
         )  # fmt: skip
     return sorted_ids, expert_ids, num_post_pad
-
-
-def moe_align_block_size_ref(
-    topk_ids: torch.Tensor, num_experts: int, block_m: int
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Plain torch version: ``(sorted_token_ids, expert_ids, num_tokens_post_padded)`` with
-    only the set entries (a stable sort by expert)."""
-    flat = topk_ids.reshape(-1).long()
-    n = flat.numel()
-    counts = torch.bincount(flat, minlength=num_experts)
-    padded = (counts + block_m - 1) // block_m * block_m
-    starts = torch.cumsum(padded, 0) - padded
-    order = torch.argsort(flat, stable=True)
-    expert = flat[order]
-    rank = torch.arange(n, device=flat.device) - (torch.cumsum(counts, 0) - counts)[expert]
-    total = int(padded.sum())
-    sorted_ids = torch.full((total,), n, dtype=torch.int32, device=flat.device)
-    sorted_ids[starts[expert] + rank] = order.to(torch.int32)
-    expert_ids = torch.repeat_interleave(
-        torch.arange(num_experts, device=flat.device), padded // block_m
-    ).to(torch.int32)
-    return sorted_ids, expert_ids, total
