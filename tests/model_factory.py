@@ -6,7 +6,7 @@ import torch
 
 
 def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) -> str:
-    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mixtral | qwen3_moe | mistral) to ``path``."""
+    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mixtral | qwen3_moe | qwen2_moe | mistral) to ``path``."""
     from transformers import (
         Gemma2Config,
         Gemma2ForCausalLM,
@@ -22,6 +22,8 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
         Phi3ForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
         Qwen3MoeConfig,
@@ -103,6 +105,12 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
             norm_topk_prob=False, tie_word_embeddings=False,
         )  # fmt: skip
         cls = Qwen3MoeForCausalLM
+    elif arch == "qwen2_moe":
+        cfg = Qwen2MoeConfig(
+            **common, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, norm_topk_prob=False, tie_word_embeddings=False,
+        )  # fmt: skip
+        cls = Qwen2MoeForCausalLM
     elif arch == "mistral":
         cfg, cls = MistralConfig(**common, sliding_window=None), MistralForCausalLM
     else:
@@ -119,7 +127,7 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
             for name, p in model.named_parameters():
                 if "norm" in name:
                     p.normal_(0, 0.3)
-    if arch == "qwen2":  # make the qkv bias matter
+    if arch in ("qwen2", "qwen2_moe"):  # make the qkv bias matter
         with torch.no_grad():
             for layer in model.model.layers:
                 for proj in (

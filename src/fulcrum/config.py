@@ -378,6 +378,10 @@ class KernelConfig:
         envs.FULCRUM_COMPILE_AHEAD,
         "Compile the Triton kernels of start-up's passes in parallel, ahead of running them.",
     )
+    fused_moe: bool = _switch(
+        envs.FULCRUM_FUSED_MOE,
+        "Mixture-of-experts layers run the fused Triton routing and grouped GEMMs (CUDA).",
+    )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], prefix: str = "") -> KernelConfig:

@@ -67,6 +67,7 @@ FULCRUM_FUSED_SAMPLER = EnvBool("FULCRUM_FUSED_SAMPLER", True)
 FULCRUM_GRAPH_PATCH = EnvBool("FULCRUM_GRAPH_PATCH", True)
 FULCRUM_CAPTURE_WARMUP = EnvBool("FULCRUM_CAPTURE_WARMUP", False)
 FULCRUM_COMPILE_AHEAD = EnvBool("FULCRUM_COMPILE_AHEAD", True)
+FULCRUM_FUSED_MOE = EnvBool("FULCRUM_FUSED_MOE", True)
 
 # -- paths and process settings -------------------------------------------------------------------
 FULCRUM_CACHE_DIR = EnvStr("FULCRUM_CACHE_DIR", None)  # converted GGUF models (~/.cache/fulcrum)

@@ -1,11 +1,11 @@
-"""Mixtral and Qwen3-MoE: the Llama decoder with a sparse mixture-of-experts MLP (torch
-reference routing).
+"""Mixtral, Qwen3-MoE and Qwen1.5/Qwen2-MoE: the Llama decoder with a sparse mixture-of-experts
+MLP.
 
 Each token's router logits pick its top-k experts; their softmax weights (taken over all
-experts, in float32) are renormalised over the k (Mixtral; Qwen3-MoE where ``norm_topk_prob``)
-and cast back, as transformers does. The
-experts' gate and up projections are stacked as ``w13`` ``[E, 2I, H]`` and the down
-projections as ``w2`` ``[E, H, I]``: the layout a fused grouped-GEMM kernel reads.
+experts, in float32) are renormalised over the k (Mixtral; Qwen-MoE where ``norm_topk_prob``),
+as transformers does. The experts are stacked for the grouped GEMMs (``layers/experts.py``):
+the fused Triton kernels on CUDA, the per-expert torch loop on the CPU. Qwen2-MoE adds a shared
+expert that every token runs, scaled by a sigmoid gate of its own.
 """
 
 from __future__ import annotations
@@ -15,16 +15,24 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend
 from fulcrum.config import KernelConfig
 from fulcrum.kernels.dispatch import DEFAULT, Configured
+from fulcrum.model.layers.experts import Experts, routed_fast
 from fulcrum.model.layers.linear import Linear
+from fulcrum.model.layers.moe_ref import topk_softmax_ref
 from fulcrum.model.layers.norm import RMSNorm
 from fulcrum.model.layers.rotary import RotaryEmbedding
-from fulcrum.model.llama import Attention, DecoderLayer, LlamaForCausalLM, LlamaModel, ModelArgs
+from fulcrum.model.llama import (
+    MLP,
+    Attention,
+    DecoderLayer,
+    LlamaForCausalLM,
+    LlamaModel,
+    ModelArgs,
+)
 from fulcrum.quant.base import QuantMethod
 
 
@@ -34,44 +42,34 @@ class MoEArgs(ModelArgs):
     top_k: int = 2
     moe_intermediate: int = 0
     norm_topk: bool = True
-    moe_attr: str = "block_sparse_moe"  # the checkpoint's module name: Qwen3-MoE's is "mlp"
+    moe_attr: str = "block_sparse_moe"  # the checkpoint's module name: Qwen-MoE's is "mlp"
+    # Qwen2-MoE: a shared expert of ``intermediate_size`` rows behind a sigmoid gate
+    shared_expert: bool = False
 
 
-class SparseMoE(nn.Module):
-    def __init__(
-        self, hidden: int, inter: int, num_experts: int, top_k: int, norm_topk: bool
-    ) -> None:
+class SparseMoE(Configured, nn.Module):
+    def __init__(self, a: MoEArgs, quant: QuantMethod | None) -> None:
         super().__init__()
-        self.norm_topk = norm_topk
-        self.gate = Linear(hidden, num_experts, bias=False)
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, inter))
-        self.top_k = top_k
+        self.top_k, self.norm_topk = a.top_k, a.norm_topk
+        self.gate = Linear(a.hidden_size, a.num_experts, bias=False)  # the router: unquantized
+        fp8 = quant is not None and quant.name == "fp8"
+        self.experts = Experts(a.num_experts, a.hidden_size, a.moe_intermediate, fp8)
+        if a.shared_expert:
+            self.shared_expert = MLP(a, quant)
+            self.shared_expert_gate = Linear(a.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(self.gate(x).float(), dim=-1)
-        weights, experts = torch.topk(probs, self.top_k, dim=-1)
-        if self.norm_topk:
-            weights = weights / weights.sum(-1, keepdim=True)
-        weights = weights.to(x.dtype)
-        return moe_reference(x, self.w13, self.w2, weights, experts)
+        logits = self.gate(x)
+        if routed_fast(x, self.kernel_config):
+            from fulcrum.kernels.moe_routing import topk_softmax
 
-
-def moe_reference(
-    x: torch.Tensor,  # [T, H]
-    w13: torch.Tensor,  # [E, 2I, H]
-    w2: torch.Tensor,  # [E, H, I]
-    weights: torch.Tensor,  # [T, k] routing weights
-    experts: torch.Tensor,  # [T, k] expert ids
-) -> torch.Tensor:
-    """The per-expert loop: each expert runs on the rows routed to it."""
-    out = torch.zeros_like(x)
-    for e in experts.unique().tolist():
-        tok, slot = torch.where(experts == e)
-        gate, up = F.linear(x[tok], w13[e]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, w2[e]) * weights[tok, slot, None]
-        out.index_add_(0, tok, y.to(x.dtype))
-    return out
+            weights, ids = topk_softmax(logits, self.top_k, self.norm_topk)
+        else:
+            weights, ids = topk_softmax_ref(logits, self.top_k, self.norm_topk)
+        out = self.experts(x, weights, ids)
+        if hasattr(self, "shared_expert"):
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
 
 
 class MoEDecoderLayer(DecoderLayer):
@@ -84,12 +82,14 @@ class MoEDecoderLayer(DecoderLayer):
     ) -> None:
         Configured.__init__(self)
         nn.Module.__init__(self)
-        if quant is not None:
-            raise ValueError("quantization: mixture-of-experts models run unquantized for now.")
+        if quant is not None and quant.name != "fp8":
+            raise ValueError(
+                f"quantization: {quant.name!r} is not supported for mixture-of-experts models; "
+                "use fp8 or none."
+            )
         self.self_attn = Attention(a, rope, backend, quant)
         assert isinstance(a, MoEArgs)
-        moe = SparseMoE(a.hidden_size, a.moe_intermediate, a.num_experts, a.top_k, a.norm_topk)
-        setattr(self, a.moe_attr, moe)
+        setattr(self, a.moe_attr, SparseMoE(a, quant))
         self.moe = a.moe_attr
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
@@ -100,10 +100,40 @@ class MoEDecoderLayer(DecoderLayer):
 
 
 _EXPERT = re.compile(
-    r"(.*\.(?:block_sparse_moe|mlp)\.)experts\.(\d+)\."
+    r"(.*\.(?:block_sparse_moe|mlp)\.experts)\.(\d+)\."
     r"(w1|w2|w3|gate_proj|down_proj|up_proj)\.weight$"
 )
-_GATE = ("w1", "gate_proj")  # the first half of w13; w3 / up_proj the second
+_PART = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up"}  # else "down"
+
+
+def moe_args(c, max_position: int) -> MoEArgs:
+    """The model arguments of a Mixtral, Qwen3-MoE or Qwen2-MoE config."""
+    arch = c.architectures[0]
+    base = ModelArgs.from_hf(c, max_position)
+    fields = {f: getattr(base, f) for f in ModelArgs.__dataclass_fields__}
+    num_experts = getattr(c, "num_local_experts", None) or c.num_experts  # either spelling
+    if arch.startswith("Mixtral"):
+        return MoEArgs(
+            **fields, num_experts=num_experts, top_k=c.num_experts_per_tok,
+            moe_intermediate=c.intermediate_size, norm_topk=True,
+        )  # fmt: skip
+    if getattr(c, "mlp_only_layers", None) or getattr(c, "decoder_sparse_step", 1) != 1:
+        raise ValueError(
+            "mlp_only_layers / decoder_sparse_step: dense layers among the sparse ones are "
+            "not supported; every layer must be a mixture of experts."
+        )
+    qwen2 = arch.startswith("Qwen2Moe")
+    if qwen2:
+        shared = c.shared_expert_intermediate_size
+        if not shared:
+            raise ValueError("shared_expert_intermediate_size: expected a positive size.")
+        # the shared expert is the layer's one dense MLP: the Llama loader's gate_up shards
+        fields.update(intermediate_size=shared, qkv_bias=bool(getattr(c, "qkv_bias", True)))
+    return MoEArgs(
+        **fields, num_experts=num_experts, top_k=c.num_experts_per_tok,
+        moe_intermediate=c.moe_intermediate_size,
+        norm_topk=bool(getattr(c, "norm_topk_prob", False)), moe_attr="mlp", shared_expert=qwen2,
+    )  # fmt: skip
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
@@ -116,33 +146,14 @@ class MixtralForCausalLM(LlamaForCausalLM):
         kernel_config: KernelConfig = DEFAULT,
     ) -> None:
         nn.Module.__init__(self)
-        c = hf_config
-        base = ModelArgs.from_hf(c, max_position)
-        qwen = c.architectures[0].startswith("Qwen3Moe")
-        if qwen and (
-            getattr(c, "mlp_only_layers", None) or getattr(c, "decoder_sparse_step", 1) != 1
-        ):
-            raise ValueError(
-                "mlp_only_layers / decoder_sparse_step: dense layers among the sparse ones are "
-                "not supported; every layer must be a mixture of experts."
-            )
-        args = MoEArgs(
-            **{f: getattr(base, f) for f in ModelArgs.__dataclass_fields__},
-            num_experts=getattr(c, "num_local_experts", None) or c.num_experts,
-            top_k=c.num_experts_per_tok,
-            moe_intermediate=c.moe_intermediate_size if qwen else c.intermediate_size,
-            norm_topk=bool(getattr(c, "norm_topk_prob", False)) if qwen else True,
-            moe_attr="mlp" if qwen else "block_sparse_moe",
-        )
+        args = moe_args(hf_config, max_position)
         model = LlamaModel(args, hf_config, backend, quant, MoEDecoderLayer)
         self._assemble(args, model, backend, kernel_config)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Per-expert ``w1``/``w3`` (gate/up) into ``w13`` and ``w2`` into ``w2``; the rest as
-        the Llama family's."""
-        params = dict(self.named_parameters())
+        """Per-expert gate/up (``w1``/``w3``) rows into ``w13`` and down (``w2``) into ``w2``
+        of the layer's stacked experts; the rest as the Llama family's."""
         loaded: set[str] = set()
-        inter = self.args.moe_intermediate
 
         def dense() -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in weights:
@@ -150,22 +161,15 @@ class MixtralForCausalLM(LlamaForCausalLM):
                 if m is None:
                     yield name, tensor
                     continue
-                prefix, e, w = m.group(1), int(m.group(2)), m.group(3)
-                down = w in ("w2", "down_proj")
-                target = prefix + ("w2" if down else "w13")
-                if target not in params or e >= self.args.num_experts:
+                try:
+                    experts = self.get_submodule(m.group(1))
+                except AttributeError:
+                    experts = None
+                if not isinstance(experts, Experts):
                     raise ValueError(
                         f"model weights: unexpected tensor {name!r} in the checkpoint."
                     )
-                dst = params[target].data[e]
-                if not down:
-                    dst = dst.narrow(0, 0 if w in _GATE else inter, inter)
-                if tuple(dst.shape) != tuple(tensor.shape):
-                    raise ValueError(
-                        f"model weights: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                        f"expected {tuple(dst.shape)}."
-                    )
-                dst.copy_(tensor)
+                experts.load_expert(int(m.group(2)), _PART.get(m.group(3), "down"), tensor, name)
                 loaded.add(name)
 
         loaded |= super().load_weights(dense())

@@ -13,8 +13,9 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Gemma3ForCausalLM": GemmaForCausalLM,  # text only
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
-    "MixtralForCausalLM": MixtralForCausalLM,  # torch reference expert routing
+    "MixtralForCausalLM": MixtralForCausalLM,  # fused Triton experts on CUDA
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen2MoeForCausalLM": MixtralForCausalLM,  # + a shared expert behind a sigmoid gate
     "Phi3ForCausalLM": LlamaForCausalLM,  # checkpoint's qkv/gate_up already fused; LongRoPE
     "Qwen3MoeForCausalLM": MixtralForCausalLM,  # + per-head q/k RMSNorm
     "Qwen3ForCausalLM": LlamaForCausalLM,  # + per-head q/k RMSNorm (ModelArgs.qk_norm)
