@@ -113,8 +113,12 @@ class WorkerGroup:
     def interrupt_main_on_failure(self) -> None:
         """A rank's death raises ``WorkerFailure`` in the main thread (at its next bytecode:
         an idle engine loop wakes within its poll interval) instead of waiting for the next
-        step's collective. Only from the main thread (signal handlers live there)."""
+        step's collective. Only in a spawned engine process (the server's engine core), from
+        its main thread (signal handlers live there): in a user's own process (``LLM``) the
+        failure is raised by the next step instead, not inside unrelated code."""
         if threading.current_thread() is not threading.main_thread():
+            return
+        if mp.current_process().name == "MainProcess":
             return
 
         def handler(signum: int, frame: Any) -> None:
