@@ -102,9 +102,14 @@ def test_tp2_replicated_kv_head_padded_vocab(odd_vocab_dir):
 
 def test_embedded_model_tp3_and_refusals(smollm_dir):
     """SmolLM2 (9 heads, 3 KV heads): tp=2 is refused naming the heads; tp=3 runs."""
-    with pytest.raises(ValueError, match="tensor_parallel_size=2 does not divide num_attention_heads=9"):
+    with pytest.raises(
+        ValueError, match="tensor_parallel_size=2 does not divide num_attention_heads=9"
+    ):
         LLM(smollm_dir, tensor_parallel_size=2, **ENGINE)
-    with pytest.raises(ValueError, match="tensor_parallel_size=6 is not a multiple of num_key_value_heads=3|tensor_parallel_size=6 does not divide"):
+    with pytest.raises(
+        ValueError,
+        match="tensor_parallel_size=6 is not a multiple of num_key_value_heads=3|tensor_parallel_size=6 does not divide",
+    ):
         LLM(smollm_dir, tensor_parallel_size=6, **ENGINE)
     with pytest.raises(ValueError, match="distributed_backend=nccl needs CUDA"):
         LLM(smollm_dir, tensor_parallel_size=3, distributed_backend="nccl", **ENGINE)
@@ -132,7 +137,9 @@ def test_killed_rank_is_an_error_naming_it(tiny_models):
     os.kill(worker, signal.SIGKILL)
     time.sleep(0.5)
     t0 = time.monotonic()
-    with pytest.raises(WorkerFailure, match=rf"rank 1 \(pid {worker}\) was killed by signal SIGKILL"):
+    with pytest.raises(
+        WorkerFailure, match=rf"rank 1 \(pid {worker}\) was killed by signal SIGKILL"
+    ):
         _greedy(llm, PROMPTS)
     assert time.monotonic() - t0 < 30  # an error, not a hang (bounded well below the timeout)
     llm.core.shutdown()
