@@ -24,7 +24,6 @@ from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
-import numpy as np
 import torch
 
 from fulcrum.config import EngineConfig
@@ -85,14 +84,7 @@ class DriverRunner(ModelRunner):
 class WorkerRunner(ModelRunner):
     """Ranks 1..N-1: the same steps, its ids from rank 0 instead of a sampler."""
 
-    def _sample(
-        self,
-        logits: torch.Tensor | None,
-        states: list[ReqState],
-        positions: np.ndarray,
-        greedy: torch.Tensor | None = None,
-        bitmask: np.ndarray | None = None,
-    ) -> StepHandle:
+    def _sample(self, logits, states: list[ReqState], positions, greedy=None, bitmask=None):
         self._prev_rows = {st.req_id: i for i, st in enumerate(states)}
         if logits is None:  # prefill chunks only: rank 0 sampled nothing either
             self._prev_sampled = None
