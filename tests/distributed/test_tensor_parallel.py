@@ -124,9 +124,11 @@ def test_embedded_model_tp3_and_refusals(smollm_dir):
         llm.core.shutdown()
 
 
-def test_unsupported_architecture_refused(tiny_models):
+def test_unsupported_architecture_and_quantization_refused(tiny_models):
     with pytest.raises(ValueError, match="MixtralForCausalLM does not support tensor parallelism"):
         LLM(tiny_models["mixtral"], tensor_parallel_size=2, **ENGINE)
+    with pytest.raises(ValueError, match="quantization=fp8 is not supported with tensor parallel"):
+        LLM(tiny_models["llama"], tensor_parallel_size=2, quantization="fp8", **ENGINE)
 
 
 def test_killed_rank_is_an_error_naming_it(tiny_models):
