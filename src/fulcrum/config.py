@@ -142,6 +142,39 @@ class SchedulerConfig:
 
 
 
+DISTRIBUTED_BACKENDS = ("auto", "nccl", "gloo")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor parallelism: one engine over ``tensor_parallel_size`` ranks (``distributed/``).
+    Rank 0 lives in the engine process; the others are spawned worker processes."""
+
+    tensor_parallel_size: int = 1
+    distributed_backend: str = "auto"  # "auto": nccl on CUDA, gloo on the CPU
+    # Seconds a rank may take to start (join, load its shard) or to answer one collective
+    # before the engine fails with the rank named.
+    worker_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}."
+            )
+        if self.distributed_backend not in DISTRIBUTED_BACKENDS:
+            raise ValueError(
+                f"distributed_backend: expected one of {', '.join(DISTRIBUTED_BACKENDS)}, got "
+                f"{self.distributed_backend!r}."
+            )
+        if not self.worker_timeout > 0:
+            raise ValueError(f"worker_timeout must be positive seconds, got {self.worker_timeout}.")
+
+    def backend(self, device: torch.device) -> str:
+        if self.distributed_backend != "auto":
+            return self.distributed_backend
+        return "nccl" if device.type == "cuda" else "gloo"
+
+
 SPEC_METHODS = ("ngram", "suffix", "draft_model")
 
 
@@ -458,3 +491,4 @@ class EngineConfig:
     kernel_config: KernelConfig  # the kernels' fast paths and launch settings
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
     draft_model_config: ModelConfig | None = None  # speculative_config.method "draft_model"
+    parallel_config: ParallelConfig = ParallelConfig()  # tensor parallelism (1: one device)

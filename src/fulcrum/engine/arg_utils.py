@@ -14,6 +14,7 @@ from fulcrum.config import (
     EngineConfig,
     KernelConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
     describe_kernel_config,
@@ -70,6 +71,13 @@ _HELP = {
     "kernel_config": "The kernels' fast paths and launch settings as JSON, e.g. "
     '\'{"pdl": {"enabled": false}, "gemv": {"max_m": 0}}\'; fields not named keep their '
     "defaults (README: Switches). Fields: ",
+    "tensor_parallel_size": "Tensor parallelism: shard the model over this many devices (one "
+    "process per rank; NCCL on CUDA, gloo on the CPU). Attention heads (and KV heads, when "
+    "there are more of them than ranks) must divide evenly.",
+    "distributed_backend": "torch.distributed backend of tensor parallelism: auto (nccl on CUDA, "
+    "gloo on the CPU), nccl, gloo.",
+    "worker_timeout": "Seconds a tensor-parallel rank may take to start, or to answer one step's "
+    "collective, before the engine fails naming the rank.",
     "speculative_config": "Speculative decoding as JSON in vLLM's names, e.g. "
     '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'; methods: '
     "ngram (prompt lookup), suffix (suffix trees over this and recent requests), draft_model "
@@ -158,6 +166,9 @@ class EngineArgs:
     kernel_config: KernelConfig | dict[str, Any] | str | None = None
     # a SpeculativeConfig, or a dict (JSON from the CLI) in vLLM's names; None: no speculation
     speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None
+    tensor_parallel_size: int = 1
+    distributed_backend: str = "auto"
+    worker_timeout: float = 120.0
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -189,9 +200,10 @@ class EngineArgs:
                 "async_scheduling": ["auto", "on", "off"],
                 "kv_cache_dtype": ["auto", "fp8"],
                 "quantization": ["none", "fp8", "gptq", "awq", "gguf"],
+                "distributed_backend": ["auto", "nccl", "gloo"],
             }.get(f.name)
             g.add_argument(
-                flag,
+                *([flag, "-tp"] if f.name == "tensor_parallel_size" else [flag]),
                 type=typ,
                 default=default,
                 choices=choices,
@@ -244,6 +256,21 @@ class EngineArgs:
         if quant is not None:
             quant.check_device(device)
             model_config = dataclasses.replace(model_config, quantization=quant.name)
+        from fulcrum.distributed.validate import validate_parallel
+
+        parallel_config = ParallelConfig(
+            self.tensor_parallel_size, self.distributed_backend, self.worker_timeout
+        )
+        validate_parallel(parallel_config, model_config, device)
+        draft_model_config = resolve_draft_config(spec_config, model_config)
+        if draft_model_config is not None and parallel_config.tensor_parallel_size > 1:
+            # The draft's weights and KV live in the driver's worker unsharded; ranks > 0 would
+            # run target passes the driver's draft never saw.
+            raise ValueError(
+                'speculative_config.method "draft_model" is not supported with '
+                f"tensor_parallel_size={parallel_config.tensor_parallel_size} yet; use ngram or "
+                "suffix, or one rank."
+            )
         cache_config = CacheConfig(
             block_size=self.block_size,
             kv_cache_memory=self.kv_cache_memory,
@@ -270,7 +297,8 @@ class EngineArgs:
             piecewise_graph_max_tokens=self.piecewise_graph_max_tokens,
             kernel_config=kernel_config,
             speculative_config=spec_config,
-            draft_model_config=resolve_draft_config(spec_config, model_config),
+            draft_model_config=draft_model_config,
+            parallel_config=parallel_config,
         )
 
 

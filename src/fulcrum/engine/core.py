@@ -58,8 +58,13 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         t0 = time.perf_counter()
         self.config = config
-        self.runner = ModelRunner(config)
-        num_blocks = prepare_runner(self.runner)
+        if config.parallel_config.tensor_parallel_size > 1:  # rank 0 here, the rest spawned
+            from fulcrum.worker.tp_runner import start_driver
+
+            self.runner, num_blocks = start_driver(config)
+        else:
+            self.runner = ModelRunner(config)
+            num_blocks = prepare_runner(self.runner)
         sc = config.scheduler_config
         bs = config.cache_config.block_size
         if num_blocks * bs < sc.max_model_len:
@@ -160,6 +165,8 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self.runner.kv_caches.clear()
+        if hasattr(self.runner, "shutdown"):  # tensor parallelism: stop the other ranks
+            self.runner.shutdown()
         if self.structured is not None:
             self.structured.shutdown()
 

@@ -14,6 +14,8 @@ from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
 from fulcrum.config import KernelConfig
+from fulcrum.distributed.layers import local_args, parallelize
+from fulcrum.distributed.parallel_state import tp_size
 from fulcrum.kernels.dispatch import DEFAULT, Configured, set_kernel_config
 from fulcrum.model.layers.activation import silu_and_mul
 from fulcrum.model.layers.linear import Linear, RopeKV, norm_linear, norm_linear_rope
@@ -239,7 +241,11 @@ class LlamaForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         args = ModelArgs.from_hf(hf_config, max_position)
+        if (world := tp_size()) > 1:  # this rank's heads and MLP slice (distributed/layers.py)
+            args = local_args(args, world)
         self._assemble(args, LlamaModel(args, hf_config, backend, quant), backend, kernel_config)
+        if world > 1:
+            parallelize(self)
 
     def _assemble(
         self, args: ModelArgs, model: nn.Module, backend: AttentionBackend, kc: KernelConfig

@@ -58,11 +58,14 @@ class ModelRunner:
         self.dtype = mc.dtype
         self.kv_dtype = resolve_kv_cache_dtype(config.cache_config.cache_dtype, mc.dtype)
         self.block_size = config.cache_config.block_size
-        num_heads = mc.hf_config.num_attention_heads
+        # This rank's heads under tensor parallelism (fewer KV heads than ranks: one each).
+        tp = config.parallel_config.tensor_parallel_size
+        self.num_heads = mc.hf_config.num_attention_heads // tp
+        self.num_kv_heads = max(1, mc.num_kv_heads // tp)
         self.kernel_config = kc = config.kernel_config
         backend_cls = get_backend_cls(config.attention_backend, self.device)
         self.attn_backend = backend_cls(
-            num_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim**-0.5, kernel_config=kc
+            self.num_heads, self.num_kv_heads, mc.head_dim, mc.head_dim**-0.5, kernel_config=kc
         )
         torch.manual_seed(mc.seed)
         self.model, self.load_time = load_model(mc, self.attn_backend, self.device, kc)
@@ -109,13 +112,13 @@ class ModelRunner:
     def bytes_per_block(self) -> int:
         mc = self.config.model_config
         elem = torch.tensor([], dtype=self.kv_dtype).element_size()
-        per_block = 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * elem
+        per_block = 2 * mc.num_layers * self.block_size * self.num_kv_heads * mc.head_dim * elem
         return per_block + (self.draft.bytes_per_block if self.draft is not None else 0)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """The KV pool, one tensor per layer (start-up sizes it, then captures the graphs)."""
         mc = self.config.model_config
-        shape = (2, num_blocks, self.block_size, mc.num_kv_heads, mc.head_dim)
+        shape = (2, num_blocks, self.block_size, self.num_kv_heads, mc.head_dim)
         # Zeroed, not empty: the FP8 kernels read V a whole page at a time and weight the tokens
         # past a sequence's end by 0, which needs them finite.
         self.kv_caches = [

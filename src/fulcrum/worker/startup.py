@@ -37,9 +37,12 @@ logger = logging.getLogger(__name__)
 _DEFAULT_CPU_KV_GIB = 2.0
 
 
-def prepare_runner(runner: ModelRunner) -> int:
-    """Size and allocate the KV pool, then capture the graphs; returns the pool's block count."""
+def prepare_runner(runner: ModelRunner, agree: Callable[[int], int] | None = None) -> int:
+    """Size and allocate the KV pool, then capture the graphs; returns the pool's block count.
+    ``agree``: the count every tensor-parallel rank can hold, from each rank's own."""
     num_blocks = determine_num_blocks(runner)
+    if agree is not None:
+        num_blocks = agree(num_blocks)
     runner.allocate_kv_cache(num_blocks)
     if runner.device.type == "cuda" and not runner.config.enforce_eager:
         capture_graphs(runner)
@@ -108,7 +111,7 @@ def compile_pass(runner: ModelRunner, num_tokens: int) -> None:
 def _scratch_cache(runner: ModelRunner) -> list[torch.Tensor]:
     """A one-block KV cache per layer."""
     mc = runner.config.model_config
-    shape = (2, 1, runner.block_size, mc.num_kv_heads, mc.head_dim)
+    shape = (2, 1, runner.block_size, runner.num_kv_heads, mc.head_dim)
     return [
         torch.zeros(shape, dtype=runner.kv_dtype, device=runner.device)
         for _ in range(mc.num_layers)
@@ -201,7 +204,7 @@ def capture_piecewise(runner: ModelRunner, emulate: bool = False) -> None:
         body,
         runner.kv_caches,
         sizes,
-        mc.hf_config.num_attention_heads,
+        runner.num_heads,
         mc.head_dim,
         runner.dtype,
         runner.device,

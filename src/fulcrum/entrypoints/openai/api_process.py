@@ -73,6 +73,6 @@ def serve_api(
 
     server = _Server(config, state)
     server.run(sockets=sockets)
-    if not server.started:
+    if not server.started or server.engine_died:
         return 1
     return 0

@@ -199,9 +199,27 @@ class DrainingServer(uvicorn.Server):
         self._drain_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    engine_died = False  # the server stopped because the engine died: exit non-zero
+
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+        watch = asyncio.ensure_future(self._exit_when_engine_dies())
+        try:
+            await super().serve(sockets)
+        finally:
+            watch.cancel()
+
+    async def _exit_when_engine_dies(self, grace_s: float = 2.0) -> None:
+        """A dead engine (a crashed core, a failed tensor-parallel rank) cannot come back:
+        requests get 503 for ``grace_s``, then the server stops so a supervisor restarts it."""
+        while not self.should_exit:
+            await asyncio.sleep(0.2)
+            engine = self.state.engine
+            if engine is not None and engine.dead is not None:
+                logger.error("engine died (%s); stopping the server in %.0f s", engine.dead, grace_s)
+                await asyncio.sleep(grace_s)
+                self.engine_died = self.should_exit = True
+                return
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.state.draining or self._loop is None or not self.started:

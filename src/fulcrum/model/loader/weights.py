@@ -37,14 +37,19 @@ def _safetensors_files(path: str) -> list[str]:
     return files
 
 
-def iter_safetensors(path: str):
+def iter_safetensors(path: str, shard=None):
+    """``(name, tensor)`` of every checkpoint tensor; ``shard(name, lazy slice)``: only the
+    part this tensor-parallel rank holds is read."""
     from safetensors import SafetensorError, safe_open
 
     for f in _safetensors_files(path):
         try:
             with safe_open(f, framework="pt") as fh:
                 for name in fh.keys():
-                    yield name, fh.get_tensor(name)
+                    if shard is None:
+                        yield name, fh.get_tensor(name)
+                    else:
+                        yield name, shard(name, fh.get_slice(name))
         except (SafetensorError, OSError) as e:
             raise ValueError(f"model weights: cannot read {f!r}: {e}") from None
 
@@ -84,6 +89,17 @@ def _no_default_init():
             cls.reset_parameters = fn
 
 
+def _tp_shard(mc: ModelConfig):
+    """This rank's slicing of the checkpoint under tensor parallelism (None: one rank)."""
+    from fulcrum.distributed.parallel_state import tp_rank, tp_size
+
+    if tp_size() == 1:
+        return None
+    from fulcrum.distributed.sharding import ShardSpec
+
+    return ShardSpec.from_hf(mc.hf_config, tp_rank(), tp_size())
+
+
 def load_model(
     mc: ModelConfig,
     backend: AttentionBackend,
@@ -116,7 +132,7 @@ def load_model(
     if mc.load_format == "dummy":
         _init_dummy(model, mc.seed)
     else:
-        weights = iter_safetensors(mc.weights_path)
+        weights = iter_safetensors(mc.weights_path, _tp_shard(mc))
         if mc.quantization == "gguf":  # the projections' blocks from the file, kept packed
             from fulcrum.model.loader.gguf_loader import iter_gguf_packed
 

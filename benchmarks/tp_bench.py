@@ -1,0 +1,100 @@
+"""Tensor-parallel throughput and ITL on CUDA: Llama-3.1-8B / Llama-3.3-70B with dummy weights
+at tp 1, 2, 4, 8 (each size in a fresh process, skipped where the GPUs are too few or the
+model does not fit).
+
+Per size: cold start (LLM construction: spawn, shard load, KV profiling, graph capture),
+offline throughput of N requests (random ids, ``--input-len`` in / ``--output-len`` out,
+``ignore_eos``), and batch-1 ITL at a ``--input-len`` context (the mean gap between tokens of
+one request: (time of 1 + k tokens - time of 1 token) / k).
+
+    python benchmarks/tp_bench.py --model llama-3.1-8b --tp 1 2 4 8 [--num-requests 1000]
+    python benchmarks/tp_bench.py --model llama-3.3-70b --tp 2 4 8 --json tp70b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+
+def one(args: argparse.Namespace) -> dict:
+    from fulcrum import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(
+        args.model, load_format="dummy", tensor_parallel_size=args.one,
+        max_num_seqs=args.max_num_seqs, max_model_len=args.input_len + args.output_len + 8,
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+    )  # fmt: skip
+    cold = time.perf_counter() - t0
+    rng = random.Random(0)
+    vocab = llm.config.model_config.vocab_size
+
+    def prompt() -> list[int]:
+        return [rng.randrange(100, vocab - 1) for _ in range(args.input_len)]
+
+    def timed(prompts, n: int) -> float:
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        t = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - t
+
+    timed([prompt()], 8)  # warm-up
+    p = prompt()
+    k = 256
+    itl = (timed([p], 1 + k) - timed([p], 1)) / k
+    reqs = [prompt() for _ in range(args.num_requests)]
+    dt = timed(reqs, args.output_len)
+    out = {
+        "model": args.model, "tp": args.one, "quantization": args.quantization,
+        "cold_start_s": round(cold, 2), "itl_ms": round(itl * 1e3, 3),
+        "throughput_tok_s": round(args.num_requests * args.output_len / dt, 1),
+        "requests": args.num_requests, "input_len": args.input_len, "output_len": args.output_len,
+    }  # fmt: skip
+    llm.core.shutdown()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="llama-3.1-8b", help="a configs/ name (dummy weights)")
+    ap.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--num-requests", type=int, default=1000)
+    ap.add_argument("--input-len", type=int, default=1000)
+    ap.add_argument("--output-len", type=int, default=1000)
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--quantization", default="none")
+    ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child: one tp size
+    args = ap.parse_args()
+    if args.one is not None:
+        print("RESULT " + json.dumps(one(args)), flush=True)
+        return
+    import torch
+
+    rows = []
+    for tp in args.tp:
+        if tp > torch.cuda.device_count():
+            print(f"tp={tp}: skipped ({torch.cuda.device_count()} GPUs)")
+            continue
+        cmd = [sys.executable, __file__, *sys.argv[1:], "--one", str(tp)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+        found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode or not found:
+            print(f"tp={tp}: failed (code {proc.returncode})\n{proc.stderr[-3000:]}")
+            continue
+        rows.append(json.loads(found[-1][7:]))
+        print(json.dumps(rows[-1]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

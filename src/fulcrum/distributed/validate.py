@@ -1,0 +1,62 @@
+"""Start-up checks of a tensor-parallel configuration: one line each, naming the numbers."""
+
+from __future__ import annotations
+
+import torch
+
+from fulcrum.config import ModelConfig, ParallelConfig
+
+# The architectures whose model class shards (model/llama.py's LlamaForCausalLM).
+TP_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Phi3ForCausalLM",
+)
+# Weight formats kept packed along the input dimension: their row-parallel slices would cut
+# quantization groups, so they load on one rank only.
+# FP8 loads sharded but is not yet verified against one rank, so it is refused too.
+_UNSHARDED_QUANT = ("gptq", "awq", "gguf", "fp8")
+
+
+def validate_parallel(pc: ParallelConfig, mc: ModelConfig, device: torch.device) -> None:
+    """Raise ValueError if ``mc`` cannot run over ``pc.tensor_parallel_size`` ranks on
+    ``device``."""
+    tp = pc.tensor_parallel_size
+    if tp == 1:
+        return
+    where = f"tensor_parallel_size={tp}"
+    if mc.architecture not in TP_ARCHITECTURES:
+        raise ValueError(
+            f"{where}: {mc.architecture} does not support tensor parallelism; supported: "
+            f"{', '.join(TP_ARCHITECTURES)}."
+        )
+    c = mc.hf_config
+    heads, kv = int(c.num_attention_heads), mc.num_kv_heads
+    if heads % tp:
+        raise ValueError(f"{where} does not divide num_attention_heads={heads}.")
+    if kv >= tp and kv % tp:
+        raise ValueError(f"{where} does not divide num_key_value_heads={kv}.")
+    if kv < tp and tp % kv:
+        raise ValueError(
+            f"{where} is not a multiple of num_key_value_heads={kv} (fewer KV heads than "
+            "ranks are replicated, which needs each to serve the same number of ranks)."
+        )
+    if int(c.intermediate_size) % tp:
+        raise ValueError(f"{where} does not divide intermediate_size={c.intermediate_size}.")
+    if mc.quantization in _UNSHARDED_QUANT:
+        raise ValueError(
+            f"{where}: quantization={mc.quantization} is not supported with tensor parallelism "
+            "yet; run it on one rank, or use unquantized weights."
+        )
+    backend = pc.backend(device)
+    if backend == "nccl" and device.type != "cuda":
+        raise ValueError(f"distributed_backend=nccl needs CUDA devices, got device={device}.")
+    if device.type == "cuda":
+        first = device.index or 0
+        have = torch.cuda.device_count() - first
+        if tp > have:
+            raise ValueError(
+                f"{where} needs {tp} GPUs from cuda:{first}, but {max(have, 0)} are visible."
+            )
