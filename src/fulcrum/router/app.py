@@ -137,11 +137,13 @@ def build_app(
         body["url"] = url
         return body
 
+    async def admin_request(request: Request) -> dict[str, Any] | Response:
+        denied = admin_denied(request)
+        return denied if denied is not None else await admin_body(request)
+
     @app.post("/workers")
     async def add_worker(request: Request) -> Response:
-        if (denied := admin_denied(request)) is not None:
-            return denied
-        body = await admin_body(request)
+        body = await admin_request(request)
         if isinstance(body, Response):
             return body
         try:
@@ -152,9 +154,7 @@ def build_app(
 
     @app.delete("/workers")
     async def remove_worker(request: Request) -> Response:
-        if (denied := admin_denied(request)) is not None:
-            return denied
-        body = await admin_body(request)
+        body = await admin_request(request)
         if isinstance(body, Response):
             return body
         try:

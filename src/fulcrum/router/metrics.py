@@ -18,25 +18,17 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         workers, hit_rates = self._snapshot()
-        in_flight = GaugeMetricFamily(
-            "fulcrum_router:worker_in_flight",
-            "Requests sent and not finished.",
-            labels=["worker", "pool"],
+
+        def per_worker(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"fulcrum_router:{name}", doc, labels=["worker", "pool"])
+
+        in_flight = per_worker("worker_in_flight", "Requests sent and not finished.")
+        load = per_worker("worker_load", "Outstanding requests the policies see.")
+        up = per_worker(
+            "worker_available", "1 while the worker's circuit breaker lets requests through."
         )
-        load = GaugeMetricFamily(
-            "fulcrum_router:worker_load",
-            "Outstanding requests the policies see.",
-            labels=["worker", "pool"],
-        )
-        up = GaugeMetricFamily(
-            "fulcrum_router:worker_available",
-            "1 while the worker's circuit breaker lets requests through.",
-            labels=["worker", "pool"],
-        )
-        tree = GaugeMetricFamily(
-            "fulcrum_router:cache_tree_chars",
-            "Prompt characters in the worker's approximate prefix tree.",
-            labels=["worker", "pool"],
+        tree = per_worker(
+            "cache_tree_chars", "Prompt characters in the worker's approximate prefix tree."
         )
         for w in workers:
             labels = [w.url, w.pool]
