@@ -58,10 +58,13 @@ async def one(client: httpx.AsyncClient, url: str, text: str, max_tokens: int) -
     async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=AUTH) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                if ttft is None:
-                    ttft = time.perf_counter() - t0
-                chunks += 1
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunks += 1
+            # the first chunk with text: a server may send the role alone before prefill ends
+            choices = json.loads(line[6:]).get("choices") or [{}]
+            if ttft is None and choices[0].get("delta", {}).get("content"):
+                ttft = time.perf_counter() - t0
     return ttft or 0.0, chunks
 
 
