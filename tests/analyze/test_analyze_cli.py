@@ -178,3 +178,38 @@ def test_recommended_speculative_config_parses(tmp_path: Path, capsys) -> None:
     args = build_parser().parse_args(shlex.split(rec["command"])[1:])
     assert isinstance(args.speculative_config, SpeculativeConfig)
     assert args.speculative_config.method in ("ngram", "suffix")
+
+
+def test_pools_for_a_mixed_trace(tmp_path: Path, capsys) -> None:
+    rng = random.Random(3)
+    prefix = list(range(100, 200))
+    rows = [
+        _log_line(i, prefix + [rng.randrange(1000, 40000) for _ in range(8)], 1000.0 + i)
+        for i in range(12)
+    ]
+    rows += [
+        _log_line(
+            12 + i,
+            [rng.randrange(1000, 40000) for _ in range(20)],
+            1100.0 + i,
+            num_output_tokens=900,
+        )
+        for i in range(4)
+    ]
+    rows += [
+        _log_line(16 + i, [rng.randrange(1000, 40000) for _ in range(20)], 1200.0 + i)
+        for i in range(4)
+    ]
+    trace = _write(tmp_path / "mixed.jsonl", rows)
+    rc, out, err = _run(["analyze", str(trace), "--json"], capsys)
+    assert rc == 0, err
+    pools = {p["pool"]: p for p in json.loads(out)["pools"]}
+    assert {k: v["num_requests"] for k, v in pools.items()} == {
+        "prefix_heavy": 12,
+        "long_generation": 4,
+        "interactive": 4,
+    }
+    assert pools["prefix_heavy"]["policy"] == "cache_aware"
+    assert pools["prefix_heavy"]["share"] == pytest.approx(0.6)
+    rc, text, _ = _run(["analyze", str(trace)], capsys)
+    assert rc == 0 and "Router pools" in text and "prefix_heavy" in text

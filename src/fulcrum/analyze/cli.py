@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from fulcrum.analyze.overlap import OverlapReport, simulate_overlap
+from fulcrum.analyze.pools import pools_to_dict, recommend_pools, render_pools
 from fulcrum.analyze.recommend import Recommendation, recommend
 from fulcrum.analyze.stats import Distribution, TraceStats, fit_prefill_rate, trace_stats
 from fulcrum.analyze.trace import TraceError, load_trace, needs_tokenizer
@@ -99,6 +100,7 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
     )
     e2e = [r.e2e_s for r in records if r.e2e_s is not None]
     models = {r.model for r in records if r.model}
+    pools = recommend_pools(records)
     rec = recommend(
         stats,
         bounded,
@@ -115,7 +117,8 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
         "overlap": bounded.to_dict(args.top),
         "overlap_unbounded": unbounded.to_dict(args.top),
         "recommendation": rec.to_dict(),
-        "_objects": (stats, bounded, unbounded, rec),
+        "pools": pools_to_dict(pools),
+        "_objects": (stats, bounded, unbounded, rec, pools),
     }
 
 
@@ -133,7 +136,7 @@ def render(report: dict[str, Any]) -> str:
     bounded: OverlapReport
     unbounded: OverlapReport
     rec: Recommendation
-    stats, bounded, unbounded, rec = report["_objects"]
+    stats, bounded, unbounded, rec, pools = report["_objects"]
     cap = "unbounded" if bounded.capacity_tokens is None else f"{bounded.capacity_tokens:,}"
     lines = [f"Trace {report['trace']}: {stats.num_requests} requests", "", "Lengths (tokens)"]
     lines.append(_dist("prompt", stats.prompt_len))
@@ -168,6 +171,7 @@ def render(report: dict[str, Any]) -> str:
     lines += ["", "Recommendation:"]
     lines += [f"  - {r}" for r in rec.reasons]
     lines += ["", f"  {rec.command}"]
+    lines += render_pools(pools)
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ _SUBCOMMANDS = [
     "fulcrum.entrypoints.openai.cli_serve",  # serve
     "fulcrum.bench.cli",  # bench serve|offline|cold-start
     "fulcrum.analyze.cli",  # analyze
+    "fulcrum.router.cli",  # router
 ]
 
 
