@@ -117,12 +117,29 @@ class CacheConfig:
             raise ValueError(f"num_blocks must be at least 2, got {self.num_blocks}.")
 
 
+# The step budget when none is given. A large GPU takes fewer, larger prefill steps: under load
+# most steps are then decode-only, so a stream's inter-token gaps rarely meet a prefill chunk (the
+# budget vLLM serves with on such GPUs too); a small one keeps each mixed step short.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+LARGE_GPU_MAX_NUM_BATCHED_TOKENS = 8192
+LARGE_GPU_MIN_GIB = 70
+
+
+def default_max_num_batched_tokens(device: torch.device) -> int:
+    """The step budget when none is given: larger on a GPU with room for big prefill steps."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        if total >= LARGE_GPU_MIN_GIB * 2**30:
+            return LARGE_GPU_MAX_NUM_BATCHED_TOKENS
+    return DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """One token budget per step shared by decodes, prefill chunks and speculative tokens."""
 
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = 2048
     schedule_policy: str = "fcfs"  # "fcfs" | "lpm"
     # LPM degrades to FCFS beyond this many waiting requests (sorting cost, starvation).

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+import types
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fulcrum.config import CacheConfig, SchedulerConfig
+from fulcrum.config import CacheConfig, SchedulerConfig, default_max_num_batched_tokens
 from fulcrum.protocol import EngineCoreRequest, WireSamplingParams
 from fulcrum.scheduler.scheduler import Scheduler
 
@@ -293,3 +295,13 @@ def _run_collect(sched: Scheduler) -> list:
         out = sched.schedule()
         outs += sched.update(out, _sampled(out))
     return outs
+
+
+def test_step_budget_default_follows_the_device(monkeypatch) -> None:
+    """No budget given: 2048 on the CPU and on small GPUs, 8192 on a GPU of 70 GiB or more; a
+    given budget is kept."""
+    assert default_max_num_batched_tokens(torch.device("cpu")) == 2048
+    for gib, want in ((80, 8192), (141, 8192), (24, 2048)):
+        props = types.SimpleNamespace(total_memory=gib * 2**30)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _d, p=props: p)
+        assert default_max_num_batched_tokens(torch.device("cuda", 0)) == want, gib

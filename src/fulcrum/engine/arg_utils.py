@@ -17,6 +17,7 @@ from fulcrum.config import (
     ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    default_max_num_batched_tokens,
     describe_kernel_config,
     resolve_device,
     resolve_dtype,
@@ -42,7 +43,9 @@ _HELP = {
     "load_format": "Weight format: auto, safetensors, gguf, dummy (random weights for benchmarks).",
     "block_size": "Tokens per KV-cache block.",
     "max_num_seqs": "Maximum concurrent sequences in one step.",
-    "max_num_batched_tokens": "Token budget of one step (prefill chunks + decodes).",
+    "max_num_batched_tokens": "Token budget of one step (prefill chunks + decodes + speculative "
+    "tokens). Default: 8192 on a CUDA GPU with at least 70 GiB (fewer, larger prefill steps, so "
+    "under load most steps are decode-only), else 2048.",
     "max_model_len": "Maximum context length (prompt + output). Default: the model's, capped by "
     "what the KV cache holds.",
     "kv_cache_memory": "KV-cache size in GiB (default on CPU: 2 GiB).",
@@ -148,7 +151,7 @@ class EngineArgs:
     load_format: str = "auto"
     block_size: int = 16
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None  # None: default_max_num_batched_tokens(device)
     max_model_len: int | None = None
     kv_cache_memory: float | None = None
     gpu_memory_utilization: float = 0.9
@@ -231,12 +234,15 @@ class EngineArgs:
                 f"{self.piecewise_graph_max_tokens}."
             )
         kernel_config = parse_kernel_config(self.kernel_config)
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = default_max_num_batched_tokens(device)
         spec_config = parse_speculative_config(self.speculative_config)
-        if spec_config is not None and spec_config.num_speculative_tokens >= self.max_num_batched_tokens:
+        if spec_config is not None and spec_config.num_speculative_tokens >= budget:
             raise ValueError(
                 "speculative_config.num_speculative_tokens: "
                 f"{spec_config.num_speculative_tokens} proposed tokens plus one do not fit "
-                f"max_num_batched_tokens={self.max_num_batched_tokens}."
+                f"max_num_batched_tokens={budget}."
             )
         from fulcrum.quant import get_quant_method
         from fulcrum.spec_decode.draft_config import resolve_draft_config
@@ -281,7 +287,7 @@ class EngineArgs:
         )
         scheduler_config = SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_batched_tokens=budget,
             max_model_len=model_config.max_model_len,
             schedule_policy=self.schedule_policy,
         )
