@@ -127,8 +127,8 @@ def test_embedded_model_tp3_and_refusals(smollm_dir):
 def test_unsupported_architecture_and_quantization_refused(tiny_models):
     with pytest.raises(ValueError, match="MixtralForCausalLM does not support tensor parallelism"):
         LLM(tiny_models["mixtral"], tensor_parallel_size=2, **ENGINE)
-    with pytest.raises(ValueError, match="quantization=fp8 is not supported with tensor parallel"):
-        LLM(tiny_models["llama"], tensor_parallel_size=2, quantization="fp8", **ENGINE)
+    with pytest.raises(ValueError, match="quantization=gguf is not supported with tensor paral"):
+        LLM(tensor_parallel_size=3, quantization="gguf", **ENGINE)  # the embedded GGUF file
     with pytest.raises(ValueError, match='"draft_model" is not supported with tensor_parallel'):
         LLM(
             tiny_models["llama"],
@@ -140,6 +140,28 @@ def test_unsupported_architecture_and_quantization_refused(tiny_models):
             },
             **ENGINE,
         )
+
+
+def test_fp8_tp2_is_as_close_to_float_as_tp1(tiny_models):
+    """FP8 weights over two ranks: each row-parallel slice has its own scales, so the logits are
+    not bit-equal to one rank's, but as close to the float32 model's (a wrong scale or a shard
+    quantized twice would be far off)."""
+    path, prompts = tiny_models["llama"], PROMPTS[:2]
+    params = SamplingParams(temperature=0, max_tokens=1, logprobs=20)
+
+    def first_logprobs(**kw) -> list[dict[int, float]]:
+        outs = LLM(path, **ENGINE, **kw).generate(prompts, params, use_tqdm=False)
+        return [{t: lp.logprob for t, lp in o.outputs[0].logprobs[0].items()} for o in outs]
+
+    ref = first_logprobs()
+    errors = {}
+    for tp in (1, 2):
+        got = first_logprobs(quantization="fp8", tensor_parallel_size=tp)
+        errors[tp] = max(
+            sum(abs(r[t] - g[t]) for t in r.keys() & g.keys()) / len(r.keys() & g.keys())
+            for r, g in zip(ref, got, strict=True)
+        )
+    assert 0 < errors[2] < max(2 * errors[1], 0.05), errors
 
 
 def test_killed_rank_is_an_error_naming_it(tiny_models):

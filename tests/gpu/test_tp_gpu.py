@@ -28,7 +28,7 @@ def _run(llm: LLM, prompts):
     return toks, tops
 
 
-@pytest.mark.parametrize("quantization", ["none"])
+@pytest.mark.parametrize("quantization", ["none", "fp8"])
 def test_tp2_agrees_with_tp1(tiny_models, quantization):
     path = tiny_models["qwen2"]
     kw = dict(quantization=quantization, gpu_memory_utilization=0.3, max_num_seqs=8)

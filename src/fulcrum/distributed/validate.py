@@ -15,9 +15,10 @@ TP_ARCHITECTURES = (
     "Phi3ForCausalLM",
 )
 # Weight formats kept packed along the input dimension: their row-parallel slices would cut
-# quantization groups, so they load on one rank only.
-# FP8 loads sharded but is not yet verified against one rank, so it is refused too.
-_UNSHARDED_QUANT = ("gptq", "awq", "gguf", "fp8")
+# quantization groups, so they load on one rank only. FP8 shards: a row-parallel rank scales its
+# slice of each row (and of each token's activation) by that slice's own maximum, which is as
+# close to the float weights as one rank's scaling, not bit-equal to it.
+_UNSHARDED_QUANT = ("gptq", "awq", "gguf")
 
 
 def validate_parallel(pc: ParallelConfig, mc: ModelConfig, device: torch.device) -> None:
