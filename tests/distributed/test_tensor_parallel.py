@@ -64,7 +64,7 @@ def odd_vocab_dir(tmp_path_factory) -> str:
     return _tiny_odd_vocab(str(tmp_path_factory.mktemp("tp") / "llama_kv1"))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3", "mistral"])
 def test_tp2_matches_tp1_and_hf(tiny_models, arch):
     """GQA 4/2 over sharded safetensors files (llama), qkv bias (qwen2), checkpoints with
     q/k/v and gate/up already fused (phi3); prompts longer than the 16-token step budget run
@@ -96,6 +96,18 @@ def test_tp2_replicated_kv_head_padded_vocab(odd_vocab_dir):
         a = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
         b = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
         assert a == b
+    finally:
+        llm.core.shutdown()
+
+
+def test_tp2_preemption_recomputes_the_same_tokens(odd_vocab_dir):
+    """Four 16-token blocks for three requests that need one, two and three: the newest is
+    preempted and recomputed on both ranks, and the tokens still equal transformers'."""
+    ref = hf_greedy(odd_vocab_dir, PROMPTS, MAX_NEW)
+    llm = LLM(odd_vocab_dir, tensor_parallel_size=2, **{**ENGINE, "num_kv_blocks": 4})
+    try:
+        assert _greedy(llm, PROMPTS) == ref
+        assert llm.core.get_stats().num_preemptions_total > 0
     finally:
         llm.core.shutdown()
 
