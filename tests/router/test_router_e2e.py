@@ -5,8 +5,10 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 from router_helpers import ROUTER_KEY
 
@@ -88,6 +90,41 @@ def test_openai_client_through_router(workers, make_router) -> None:
         raise AssertionError("the router accepted a wrong key")
     except openai.AuthenticationError:
         pass
+
+
+def _metric(worker, name: str) -> float:
+    text = httpx.get(worker.base_url + "/metrics", timeout=10).text
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name))
+
+
+def _running(worker) -> float:
+    return _metric(worker, "fulcrum:num_requests_running")
+
+
+def test_client_disconnect_cancels_the_upstream_request(workers, make_router) -> None:
+    """A client that drops a stream midway frees the worker's slot: the router closes the
+    upstream connection and the worker aborts the request, long before its 400 tokens."""
+    worker = workers[0]
+    router = make_router([worker.base_url], "--policy", "round_robin")
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    generated = _metric(worker, "fulcrum:generation_tokens_total")
+    with router.client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        chunks = r.iter_lines()
+        for _ in range(3):
+            next(chunks)
+        assert _running(worker) == 1
+    deadline = time.monotonic() + 20
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _running(worker) == 0
+    assert _metric(worker, "fulcrum:generation_tokens_total") - generated < 300  # aborted
 
 
 def test_killing_a_worker_loses_no_request(workers, make_router) -> None:
