@@ -1,0 +1,64 @@
+"""The Triton kernels added for mixture-of-experts and INT4 weights build for sm_90 (H100/H200)
+with the launch sizes the engine picks on CUDA, at real model shapes, and fit a block's shared
+memory: compiled to the cubin by Triton's own ptxas, nothing launched (tests/hopper.py)."""
+
+from __future__ import annotations
+
+from hopper import run_in_subprocess
+
+_MOE = """
+import torch
+from hopper import check_fits, compile_for_hopper
+from fulcrum.kernels.fused_moe import default_launch, fused_moe
+from fulcrum.kernels.moe_routing import topk_softmax
+
+with compile_for_hopper() as built:
+    # Mixtral-8x7B (8 experts, top 2) and Qwen3-30B-A3B (128 experts, top 8); decode to prefill
+    for e, k, h, inter in ((8, 2, 4096, 14336), (128, 8, 2048, 768)):
+        for t in (1, 64, 1024):
+            for fp8 in (False, True):
+                wdt = torch.float8_e4m3fn if fp8 else torch.bfloat16
+                x = torch.empty(t, h, dtype=torch.bfloat16)
+                weights, _ = topk_softmax(torch.empty(t, e, dtype=torch.bfloat16), k, True)
+                ids = torch.randint(0, e, (t, k), dtype=torch.int32)
+                w13 = torch.empty(e, 2 * inter, h, dtype=wdt)
+                w2 = torch.empty(e, h, inter, dtype=wdt)
+                s13 = torch.empty(e, 2 * inter) if fp8 else None
+                s2 = torch.empty(e, h) if fp8 else None
+                fused_moe(x, w13, w2, weights, ids, s13, s2, default_launch(t * k, e, True))
+check_fits(built)
+print(sorted({(c.name, c.shared) for c in built}))
+"""
+
+_W4A16 = """
+import torch
+from hopper import check_fits, compile_for_hopper
+from fulcrum.kernels import w4a16
+
+with compile_for_hopper() as built:
+    # Llama-3.1-8B's projections (K, N): qkv, o, gate_up, down
+    for k, n in ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)):
+        for bits, group, mins in ((4, 128, False), (8, 128, False), (4, 32, True)):
+            g = k // group
+            qweight = torch.empty(k * bits // 32, n, dtype=torch.int32)
+            zeros = torch.empty(g, n, dtype=torch.uint8)
+            scales = torch.empty(g, n, dtype=torch.bfloat16)
+            m_ = torch.empty(g, n, dtype=torch.bfloat16) if mins else None
+            for m in (1, 4):
+                x = torch.empty(m, k, dtype=torch.bfloat16)
+                w4a16.gemv(x, qweight, zeros, scales, None, group, bits, w4a16.GEMV_CONFIG, m_)
+            x = torch.empty(512, k, dtype=torch.bfloat16)
+            w4a16.gemm(x, qweight, zeros, scales, None, group, bits, w4a16.GEMM_CONFIG, m_)
+check_fits(built)
+print(sorted({(c.name, c.shared) for c in built}))
+"""
+
+
+def test_fused_moe_kernels_build_for_hopper() -> None:
+    out = run_in_subprocess(_MOE)
+    assert "_moe_gemm_kernel" in out and "_align_kernel" in out
+
+
+def test_w4a16_kernels_build_for_hopper() -> None:
+    out = run_in_subprocess(_W4A16)
+    assert "_gemv_kernel" in out and "_gemm_kernel" in out
