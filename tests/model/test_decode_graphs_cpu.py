@@ -77,13 +77,17 @@ def test_profiling_step_runs_on_both_backends(tiny_models):
 
 
 @pytest.mark.parametrize(
-    "extra",
-    [dict(), dict(num_kv_blocks=24, block_size=4)],  # the second preempts requests
+    "arch, extra",
+    [
+        ("llama", dict()),
+        ("llama", dict(num_kv_blocks=24, block_size=4)),  # preempts requests
+        ("gemma2", dict()),  # sliding-window and global layers, soft-capped scores
+    ],
 )
-def test_emulated_piecewise_prefill_graphs_match_eager(tiny_models, extra):
+def test_emulated_piecewise_prefill_graphs_match_eager(tiny_models, arch, extra):
     """Prefill chunks and mixed steps through the token-bucket segment graphs (padding rows,
-    attention between segments, prefix-cache hits, recompute after preemption) give eager's
-    tokens."""
+    attention between segments with each layer's own window and cap, prefix-cache hits,
+    recompute after preemption) give eager's tokens."""
     rng = random.Random(6)
     shared = [rng.randrange(3, 320) for _ in range(20)]
     prompts = [
@@ -93,8 +97,8 @@ def test_emulated_piecewise_prefill_graphs_match_eager(tiny_models, extra):
     max_tokens = [4 + 3 * i for i in range(6)]
     kw = dict(device="cpu", dtype="float32", attention_backend="triton", max_num_seqs=4,
               max_num_batched_tokens=40, **extra)  # fmt: skip
-    want = _greedy(LLM(tiny_models["llama"], **kw), prompts, max_tokens)
-    llm = LLM(tiny_models["llama"], async_scheduling="on", piecewise_graph_max_tokens=40, **kw)
+    want = _greedy(LLM(tiny_models[arch], **kw), prompts, max_tokens)
+    llm = LLM(tiny_models[arch], async_scheduling="on", piecewise_graph_max_tokens=40, **kw)
     runner = llm.core.runner
     startup.capture_piecewise(runner, emulate=True)
     pw = runner.piecewise

@@ -133,7 +133,8 @@ class GemmaAttention(Configured, nn.Module):
         self.rope = rope
         self.backend = backend.for_layer(a.query_pre_attn_scalar**-0.5, window, a.attn_softcap)
 
-    def forward(self, x, positions, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+    def project(self, x, positions, kv_cache, slot_mapping) -> tuple[torch.Tensor, ...]:
+        """``(q, k, v)`` of the normed input, rotary applied and the K/V rows written."""
         a = self.a
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, a.num_heads, a.head_dim)
@@ -141,11 +142,13 @@ class GemmaAttention(Configured, nn.Module):
         v = v.reshape(-1, a.num_kv_heads, a.head_dim)
         if a.gemma3:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.backend.rope_and_write_kv(
-            self.rope, positions, q, k, v, kv_cache, meta.slot_mapping
-        )
-        o = self.backend.attend(q, k, v, kv_cache, meta).reshape(-1, self.q_size)
-        return self.o_proj(o)
+        q, k = self.backend.rope_and_write_kv(self.rope, positions, q, k, v, kv_cache, slot_mapping)
+        return q, k, v
+
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """The attention rows ``[T, heads * D]`` (``o_proj``'s input), with this layer's
+        scale, window and soft-cap."""
+        return self.backend.attend(q, k, v, kv_cache, meta).reshape(-1, self.q_size)
 
 
 class GemmaMLP(nn.Module):
@@ -171,8 +174,17 @@ class GemmaDecoderLayer(nn.Module):
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
 
     def forward(self, x, positions, kv_cache, meta) -> torch.Tensor:
-        h = self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
-        x = x + self.post_attention_layernorm(h)
+        q, k, v, x = self.before_attention(x, positions, kv_cache, meta.slot_mapping)
+        return self.after_attention(self.self_attn(q, k, v, kv_cache, meta), x)
+
+    # The layer in two halves around attention, for CUDA graphs captured piecewise; the hidden
+    # state ``x`` rides along as the residual.
+    def before_attention(self, x, positions, kv_cache, slot_mapping):
+        q, k, v = self.self_attn.project(self.input_layernorm(x), positions, kv_cache, slot_mapping)
+        return q, k, v, x
+
+    def after_attention(self, o, x) -> torch.Tensor:
+        x = x + self.post_attention_layernorm(self.self_attn.o_proj(o))
         h = self.mlp(self.pre_feedforward_layernorm(x))
         return x + self.post_feedforward_layernorm(h)
 
@@ -194,11 +206,28 @@ class GemmaModel(nn.Module):
         )
         self.norm = GemmaRMSNorm(a.hidden_size, a.rms_norm_eps)
 
-    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+    def _embed(self, input_ids) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        x = x * torch.tensor(self.a.hidden_size**0.5, dtype=x.dtype)
+        return x * torch.tensor(self.a.hidden_size**0.5, dtype=x.dtype)
+
+    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+        x = self._embed(input_ids)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, positions, kv_cache, meta)
+        return self.norm(x)
+
+    # The forward as segments between attention calls, as LlamaModel.segment lays them out.
+    def segment(
+        self, i: int, positions, slots, kv_cache=None, input_ids=None, o=None, residual=None
+    ):
+        if i == 0:
+            return self.layers[0].before_attention(
+                self._embed(input_ids), positions, kv_cache, slots
+            )
+        prev = self.layers[i - 1]
+        x = prev.after_attention(o.reshape(-1, prev.self_attn.q_size), residual)
+        if i < len(self.layers):
+            return self.layers[i].before_attention(x, positions, kv_cache, slots)
         return self.norm(x)
 
 

@@ -325,8 +325,9 @@ class ModelRunner:
         st.fence()
         if bucket is not None:
             assert pw is not None
-            kv, attn = self.kv_caches, self.attn_backend
-            attend = lambda i, q, k, v: attn.attend(q, k, v, kv[i], meta)  # noqa: E731
+            # each layer's own attention: its scale, sliding window and soft-cap
+            kv, layers = self.kv_caches, pw.model.layers
+            attend = lambda i, q, k, v: layers[i].self_attn.backend.attend(q, k, v, kv[i], meta)  # noqa: E731
             hidden = pw.run(bucket, attend)
         else:
             hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
