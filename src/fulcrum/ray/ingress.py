@@ -53,7 +53,7 @@ async def _rest(gen: Any) -> AsyncIterator[bytes]:
         # Mid-stream loss: end the stream with an error event rather than a cut connection.
         logger.warning("replica lost mid-stream: %r", e)
         err = {"message": "The replica serving this request was lost.", "type": "server_error"}
-        yield f"data: {json.dumps({'error': err})}\n\n".encode()
+        yield f"data: {json.dumps({'error': err})}\n\ndata: [DONE]\n\n".encode()
     finally:
         gen.cancel()
 
