@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 pytest.importorskip("ray.serve")
@@ -67,6 +68,44 @@ def test_openai_client_streaming_and_not(client: OpenAI) -> None:
     )
     assert whole.choices[0].text == "".join(pieces)
     assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def _metrics_of(base_url: str, replica: str) -> dict[str, float]:
+    """The /metrics of one replica (requests without a prompt go to either; bounded)."""
+    for _ in range(40):
+        r = httpx.get(f"{base_url}/metrics", timeout=10)
+        if r.headers["x-fulcrum-replica"] == replica:
+            out: dict[str, float] = {}
+            for line in r.text.splitlines():
+                if line and not line.startswith("#"):
+                    name, _, value = line.rpartition(" ")
+                    out[name] = float(value)
+            return out
+    raise AssertionError(f"/metrics never reached replica {replica}")
+
+
+def _finished(m: dict[str, float]) -> float:
+    return sum(v for k, v in m.items() if k.startswith("fulcrum:request_success_total"))
+
+
+def test_client_disconnect_aborts_the_engine_request(client: OpenAI) -> None:
+    base = str(client.base_url).removesuffix("/v1/")
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 480, "stream": True}
+    running = f'fulcrum:num_requests_running{{model_name="{MODEL}"}}'
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as r:
+        replica = r.headers["x-fulcrum-replica"]
+        assert next(r.iter_lines()).startswith("data: {")
+        during = _metrics_of(base, replica)
+        assert during[running] == 1
+    # the engine stops the request (running drops to 0) without finishing it
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        after = _metrics_of(base, replica)
+        if after[running] == 0:
+            break
+        time.sleep(0.2)
+    assert after[running] == 0
+    assert _finished(after) == _finished(during)
 
 
 def test_prefix_affinity_and_both_replicas_serve(client: OpenAI) -> None:

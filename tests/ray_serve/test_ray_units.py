@@ -5,6 +5,7 @@ importing without Ray."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from dataclasses import dataclass
 
@@ -164,3 +165,68 @@ def test_without_ray_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
         require_ray()
     with pytest.raises(ImportError, match=r"pip install fulcrum\[ray\]"):
         fulcrum.ray.build_app(num_replicas=2)
+
+
+class FakeGen:
+    """A streaming handle's response: items, or an exception raised at position ``fail_at``."""
+
+    def __init__(self, items: list[object], fail_at: int | None = None) -> None:
+        self.items, self.fail_at, self.i, self.cancelled = items, fail_at, 0, False
+
+    def __aiter__(self) -> FakeGen:
+        return self
+
+    async def __anext__(self) -> object:
+        if self.i == self.fail_at:
+            from ray.exceptions import ActorDiedError
+
+            raise ActorDiedError()
+        if self.i >= len(self.items):
+            raise StopAsyncIteration
+        self.i += 1
+        return self.items[self.i - 1]
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeEngine:
+    def __init__(self, gens: list[FakeGen]) -> None:
+        self.gens, self.sent = gens, 0
+        self.forward = self  # engine.forward.remote(req)
+
+    def remote(self, req: object) -> FakeGen:
+        self.sent += 1
+        return self.gens.pop(0)
+
+
+def test_ingress_retries_a_lost_replica_and_ends_broken_streams(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fulcrum.ray import ingress
+    from fulcrum.ray.messages import ResponseHead
+
+    monkeypatch.setattr(ingress, "RETRY_BACKOFF_S", 0.0)
+    req = ProxiedRequest("POST", "/v1/completions")
+    json_head = ResponseHead(200, [(b"content-type", b"application/json")], "r2")
+    sse_head = ResponseHead(200, [(b"content-type", b"text/event-stream")], "r1")
+
+    async def go() -> None:
+        # lost before answering, then answered by another replica
+        engine = FakeEngine([FakeGen([], fail_at=0), FakeGen([json_head, b'{"a":', b"1}"])])
+        resp = await ingress.forward(engine, req)
+        assert engine.sent == 2 and resp.status_code == 200 and resp.body == b'{"a":1}'
+        assert resp.headers["x-fulcrum-replica"] == "r2"
+        # lost every time: 503 in OpenAI's error shape after RETRIES + 1 attempts
+        engine = FakeEngine([FakeGen([], fail_at=0) for _ in range(ingress.RETRIES + 1)])
+        resp = await ingress.forward(engine, req)
+        assert engine.sent == ingress.RETRIES + 1 and resp.status_code == 503
+        assert json.loads(resp.body)["error"]["type"] == "service_unavailable_error"
+        # lost mid-stream: the stream ends with an error event and [DONE], and is cancelled
+        gen = FakeGen([sse_head, b"data: 1\n\n", b"data: 2\n\n"], fail_at=2)
+        resp = await ingress.forward(FakeEngine([gen]), req)
+        body = b"".join([c async for c in resp.body_iterator])
+        assert body.startswith(b"data: 1\n\ndata: {") and body.endswith(b"data: [DONE]\n\n")
+        assert b"was lost" in body and gen.cancelled
+
+    asyncio.run(go())

@@ -6,6 +6,7 @@ id in ``x-fulcrum-replica``.
 A replica that dies before it answers (killed, or its node lost) costs the client nothing: the
 request is sent again, to another replica, up to ``RETRIES`` times."""
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -16,12 +17,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from fulcrum.ray.messages import ProxiedRequest, ResponseHead
+from fulcrum.ray.messages import ProxiedRequest
 from fulcrum.router.shape import prompt_text
 
 logger = logging.getLogger(__name__)
 
 RETRIES = 2
+RETRY_BACKOFF_S = 0.05  # doubled after each lost attempt
 _HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection", b"host"}
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
@@ -58,6 +60,33 @@ async def _rest(gen: Any) -> AsyncIterator[bytes]:
         gen.cancel()
 
 
+async def forward(engine: Any, req: ProxiedRequest) -> Response:
+    """Send ``req`` through the engine deployment's streaming handle; a replica lost before
+    its response head is retried on another (Serve drops the dead one from routing)."""
+    for attempt in range(RETRIES + 1):
+        if attempt:
+            await asyncio.sleep(RETRY_BACKOFF_S * 2 ** (attempt - 1))
+        gen = engine.forward.remote(req)
+        try:
+            head = await gen.__anext__()
+        except (RayActorError, ActorUnavailableError) as e:
+            logger.warning("replica lost before answering (attempt %d): %r", attempt + 1, e)
+            continue
+        except StopAsyncIteration:
+            return _unavailable("The replica ended the request without a response.")
+        headers = {
+            k.decode("latin-1"): v.decode("latin-1")
+            for k, v in head.headers
+            if k.lower() not in _HOP_HEADERS
+        }
+        headers["x-fulcrum-replica"] = head.replica
+        if headers.get("content-type", "").startswith("text/event-stream"):
+            return StreamingResponse(_rest(gen), status_code=head.status, headers=headers)
+        body = b"".join([chunk async for chunk in gen])
+        return Response(body, status_code=head.status, headers=headers)
+    return _unavailable("No replica answered; the deployment is recovering, retry shortly.")
+
+
 @serve.ingress(app)
 class Ingress:
     def __init__(self, engine: Any) -> None:
@@ -76,26 +105,4 @@ class Ingress:
             client=(client.host, client.port) if client else None,
             route_text=route_text(request.method, body),
         )
-        for attempt in range(RETRIES + 1):
-            gen = self.engine.forward.remote(req)
-            try:
-                head = await gen.__anext__()
-            except (RayActorError, ActorUnavailableError) as e:
-                logger.warning("replica lost before answering (attempt %d): %r", attempt + 1, e)
-                continue
-            except StopAsyncIteration:
-                return _unavailable("The replica ended the request without a response.")
-            return await self._respond(head, gen)
-        return _unavailable("No replica answered; the deployment is recovering, retry shortly.")
-
-    async def _respond(self, head: ResponseHead, gen: Any) -> Response:
-        headers = {
-            k.decode("latin-1"): v.decode("latin-1")
-            for k, v in head.headers
-            if k.lower() not in _HOP_HEADERS
-        }
-        headers["x-fulcrum-replica"] = head.replica
-        if headers.get("content-type", "").startswith("text/event-stream"):
-            return StreamingResponse(_rest(gen), status_code=head.status, headers=headers)
-        body = b"".join([chunk async for chunk in gen])
-        return Response(body, status_code=head.status, headers=headers)
+        return await forward(self.engine, req)
