@@ -150,6 +150,13 @@ def test_cli_ray_flags_need_ray(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--num-replicas, --max-replicas need(s) --ray" in err
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--ray", "--num-replicas", "0"])
+    # bad bounds and a flag that does not apply fail before Ray starts
+    args = parser.parse_args(["serve", "--ray", "--min-replicas", "3", "--max-replicas", "2"])
+    assert args.func(args) == 2
+    assert "min_replicas (3) must not exceed max_replicas (2)" in capsys.readouterr().err
+    args = parser.parse_args(["serve", "--ray", "--api-server-count", "2"])
+    assert args.func(args) == 2
+    assert "--api-server-count does not apply with --ray" in capsys.readouterr().err
     help_text = parser._subparsers._group_actions[0].choices["serve"].format_help()
     for flag in ("--ray ", "--num-replicas", "--ray-address", "--min-replicas", "--max-replicas"):
         assert flag in help_text

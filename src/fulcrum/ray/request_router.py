@@ -20,6 +20,7 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from fulcrum.ray.config import RayServeConfig
 from fulcrum.router.policies import cache_aware_pick
 from fulcrum.router.prefix_tree import PrefixTree, block_hashes
 from fulcrum.router.shape import prompt_text
@@ -41,11 +42,11 @@ def routing_text(pending: PendingRequest | None) -> str | None:
 class CacheAwareRequestRouter(RequestRouter):
     def initialize_state(
         self,
-        cache_threshold: float = 0.5,
-        balance_abs_threshold: int = 32,
-        balance_rel_threshold: float = 1.5,
-        block_chars: int = 32,
-        max_chars: int = 4_000_000,
+        cache_threshold: float = RayServeConfig.cache_threshold,
+        balance_abs_threshold: int = RayServeConfig.balance_abs_threshold,
+        balance_rel_threshold: float = RayServeConfig.balance_rel_threshold,
+        block_chars: int = RayServeConfig.cache_block_chars,
+        max_chars: int = RayServeConfig.cache_max_chars,
         **_: Any,
     ) -> None:
         self.cache_threshold = cache_threshold
