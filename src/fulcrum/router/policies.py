@@ -57,6 +57,28 @@ class LeastLoad(Policy):
         return Routed(a if a.load <= b.load else b)
 
 
+def cache_aware_pick(
+    loads: list[int],
+    matches: list[int],
+    tree_chars: list[int],
+    text_chars: int,
+    *,
+    cache_threshold: float,
+    balance_abs: int,
+    balance_rel: float,
+) -> int:
+    """The cache-aware rule on plain numbers (shared with the Ray Serve request router): the
+    index of the chosen candidate, given each one's load, matched prefix and tree size."""
+    lo, hi = min(loads), max(loads)
+    if hi - lo > balance_abs and hi > balance_rel * lo:
+        return loads.index(lo)
+    n = len(loads)
+    best = max(range(n), key=lambda j: (matches[j], -loads[j]))
+    if text_chars and matches[best] / text_chars >= cache_threshold:
+        return best
+    return min(range(n), key=lambda j: (tree_chars[j], loads[j]))
+
+
 class CacheAware(Policy):
     """SGLang router's rule: when the in-flight spread is small, send the request to the worker
     whose tree matches the longest prefix (if the match covers ``cache_threshold`` of the prompt;
@@ -80,17 +102,16 @@ class CacheAware(Policy):
         cfg = self.cfg
         hashes = block_hashes(text, cfg.cache_block_chars)
         loads = [w.in_flight for w in workers]
-        lo, hi = min(loads), max(loads)
-        imbalanced = hi - lo > cfg.balance_abs_threshold and hi > cfg.balance_rel_threshold * lo
         matches = [w.tree.match(hashes) for w in workers]
-        if imbalanced:
-            i = loads.index(lo)
-        else:
-            best = max(range(len(workers)), key=lambda j: (matches[j], -loads[j]))
-            if text and matches[best] / len(text) >= cfg.cache_threshold:
-                i = best
-            else:
-                i = min(range(len(workers)), key=lambda j: (workers[j].tree.size_chars, loads[j]))
+        i = cache_aware_pick(
+            loads,
+            matches,
+            [w.tree.size_chars for w in workers],
+            len(text),
+            cache_threshold=cfg.cache_threshold,
+            balance_abs=cfg.balance_abs_threshold,
+            balance_rel=cfg.balance_rel_threshold,
+        )
         w = workers[i]
         w.tree.insert(hashes)
         self.prompt_chars += len(text)

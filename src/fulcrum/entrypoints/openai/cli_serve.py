@@ -11,6 +11,7 @@ from fulcrum import envs
 from fulcrum.engine.arg_utils import EngineArgs
 from fulcrum.entrypoints.openai.limits import MAX_LOGPROBS, MAX_N
 from fulcrum.entrypoints.openai.tool_parsers import PARSERS
+from fulcrum.ray import cli as ray_cli
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -159,6 +160,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=False,
         help="Log every HTTP request line.",
     )
+    ray_cli.add_cli_args(p)
     EngineArgs.add_cli_args(p)
     p.set_defaults(func=run_serve)
     return p
@@ -177,6 +179,8 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.getLogger("fulcrum").setLevel(args.log_level.upper())
     engine_args = EngineArgs.from_cli_args(args)
     options = serve_options(args, engine_args)
+    if ray_cli.wanted(args):  # replicas on Ray Serve; each resolves the model on its own node
+        return ray_cli.run_serve_ray(args, options, engine_args)
     # Resolve the model here so bad arguments fail with one line before the server starts.
     engine_config = engine_args.create_engine_config()
     if args.api_server_count > 1:
