@@ -10,6 +10,10 @@ from typing import Any
 import torch
 
 from fulcrum.distributed.layers import local_kv_heads, vocab_shard
+from fulcrum.distributed.packed_shards import packed_slice
+from fulcrum.quant.int_format import IntWeightFormat
+
+_PACKED = ("gptq", "awq")
 
 
 @dataclass(frozen=True)
@@ -21,14 +25,19 @@ class ShardSpec:
     head_dim: int
     intermediate_size: int
     vocab_size: int
+    packed: IntWeightFormat | None = None  # a GPTQ/AWQ checkpoint's layout (packed_shards.py)
 
     @classmethod
-    def from_hf(cls, c: Any, rank: int, world: int) -> ShardSpec:
+    def from_hf(cls, c: Any, rank: int, world: int, quantization: str | None = None) -> ShardSpec:
         heads = c.num_attention_heads
+        packed = None
+        if quantization in _PACKED:
+            qc = getattr(c, "quantization_config", None)
+            packed = IntWeightFormat.from_config(quantization, qc if isinstance(qc, dict) else None)
         return cls(
             rank, world, heads, getattr(c, "num_key_value_heads", None) or heads,
             getattr(c, "head_dim", None) or c.hidden_size // heads, c.intermediate_size,
-            c.vocab_size,
+            c.vocab_size, packed,
         )  # fmt: skip
 
     def q_range(self) -> tuple[int, int]:
@@ -65,6 +74,8 @@ class ShardSpec:
         slice (both take ``[a:b]`` and ``[:, a:b]``)."""
         if name.endswith(("embed_tokens.weight", "lm_head.weight")):
             return self._vocab_rows(src)
+        if self.packed is not None and (t := packed_slice(self, self.packed, name, src)) is not None:
+            return t
         if ".qkv_proj." in name or ".gate_up_proj." in name:  # already fused (Phi-3)
             return self._fused(name, _full(src))
         rule = self.rule(name)
