@@ -91,6 +91,24 @@ def test_rank_slices_equal_the_layers_slices(fmt: str) -> None:
     torch.testing.assert_close(partial[0] + partial[1], x_full @ ref_down.t())
 
 
+def test_regroup_pads_each_group_to_whole_chunks() -> None:
+    """Rows of groups 3 0 3 1 0 3 at 8 bits (4 a word, group 4): sorted by group, padded to
+    chunks of 4 with weight-0 rows (q = the zero point), one zero/scale row a chunk; a zero
+    point that no value of the width can hold is refused."""
+    from fulcrum.quant.int_regroup import regroup
+
+    g_idx = torch.tensor([3, 0, 3, 1, 0, 3])
+    q = torch.tensor([[10], [11], [12], [13], [14], [15]], dtype=torch.int32)
+    zeros = torch.tensor([[1], [2], [3], [4]], dtype=torch.int32)
+    scales = torch.tensor([[1.0], [2.0], [3.0], [4.0]]).half()
+    out, z, s, perm, chunk = regroup(q, zeros, scales, g_idx, 8, 4, "layer")
+    assert chunk == 4 and out.flatten().tolist() == [11, 14, 1, 1, 13, 2, 2, 2, 10, 12, 15, 4]
+    assert perm.tolist() == [1, 4, 0, 0, 3, 0, 0, 0, 0, 2, 5, 0]
+    assert z.flatten().tolist() == [1, 2, 4] and s.flatten().tolist() == [1.0, 2.0, 4.0]
+    with pytest.raises(ValueError, match="layer: a zero point of 16 does not fit 4 bits"):
+        regroup(q, zeros * 4, scales, g_idx, 4, 4, "layer")
+
+
 @pytest.fixture(scope="module")
 def quantized(tiny_models, tmp_path_factory):
     """(arch, format) -> (checkpoint dir, dequantized reference dir), written on first use."""

@@ -31,6 +31,11 @@ _COLUMN = {"q_proj": "q", "k_proj": "kv", "v_proj": "kv", "gate_proj": "mlp", "u
 _ROW = {"o_proj": "q", "down_proj": "mlp"}
 
 
+def whole(src: Any) -> torch.Tensor:
+    """All of ``src`` (a tensor, or a safetensors slice read in full)."""
+    return src if isinstance(src, torch.Tensor) else src[:]
+
+
 def _ranges(spec: Any) -> dict[str, tuple[int, int]]:
     return {"q": spec.q_range(), "kv": spec.kv_range(), "mlp": spec.mlp_range()}
 
@@ -55,7 +60,7 @@ def packed_slice(spec: Any, fmt: IntWeightFormat, name: str, src: Any) -> torch.
     if proj in _ROW:
         return _row_slice(fmt, leaf, src, *_ranges(spec)[_ROW[proj]])
     if leaf == "g_idx":  # column-parallel: every input row
-        return src if isinstance(src, torch.Tensor) else src[:]
+        return whole(src)
     div = fmt.out_divisor(leaf)
     if proj in _COLUMN:
         parts = [(0, *_ranges(spec)[_COLUMN[proj]])]
@@ -77,7 +82,7 @@ def _row_slice(fmt: IntWeightFormat, leaf: str, src: Any, start: int, n: int) ->
         g_idx = src[start : start + n]
         return g_idx if every_group else g_idx - start // group
     if every_group:
-        return src if isinstance(src, torch.Tensor) else src[:]
+        return whole(src)
     return src[start // group : (start + n) // group].contiguous()
 
 

@@ -1,6 +1,7 @@
 """Each rank's slice of each checkpoint tensor, read lazily (safetensors' ``get_slice`` reads
 only those bytes). The layout is ``layers.py``'s: column-parallel projections split their
-output rows, row-parallel ones their input columns, the vocabulary tables their rows."""
+output rows, row-parallel ones their input columns, the vocabulary tables their rows; GPTQ and
+AWQ's packed tensors as ``packed_shards.py`` says."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import torch
 
 from fulcrum.distributed.layers import local_kv_heads, vocab_shard
-from fulcrum.distributed.packed_shards import packed_slice
+from fulcrum.distributed.packed_shards import packed_slice, whole
 from fulcrum.quant.int_format import IntWeightFormat
 
 _PACKED = ("gptq", "awq")
@@ -77,10 +78,10 @@ class ShardSpec:
         if self.packed is not None and (t := packed_slice(self, self.packed, name, src)) is not None:
             return t
         if ".qkv_proj." in name or ".gate_up_proj." in name:  # already fused (Phi-3)
-            return self._fused(name, _full(src))
+            return self._fused(name, whole(src))
         rule = self.rule(name)
         if rule is None:
-            return _full(src)
+            return whole(src)
         dim, (start, n) = rule
         return _take(src, dim, start, n)
 
@@ -101,10 +102,6 @@ class ShardSpec:
             parts = t.split(self.intermediate_size)
             ranges = [self.mlp_range()] * 2
         return torch.cat([p.narrow(0, s, n) for p, (s, n) in zip(parts, ranges, strict=True)])
-
-
-def _full(src: Any) -> torch.Tensor:
-    return src if isinstance(src, torch.Tensor) else src[:]
 
 
 def _take(src: Any, dim: int, start: int, n: int) -> torch.Tensor:

@@ -5,7 +5,8 @@ A layer first holds its checkpoint's tensors as they are on disk (``int_format.p
 both layouts); fused projections (qkv, gate_up) take each shard's columns. Once every tensor
 is in, ``finish_loading`` repacks them, once, into the layout the kernels read
 (``kernels/w4a16.py``: ``int32 [in/8, out]``, zeros as bytes, groups contiguous) and drops the
-checkpoint copies. At run time:
+checkpoint copies. A tensor-parallel rank's act-order slice of a row-parallel layer's input rows
+is regrouped into padded chunks instead (``int_regroup.py``). At run time:
 
 - CUDA: the W4A16 GEMV up to ``kernel_config.gemv.max_m`` rows, the W4A16 GEMM above; an
   act-order layer gathers x's columns into its permuted row order first.

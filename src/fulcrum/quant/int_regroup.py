@@ -10,7 +10,8 @@ row, and a padding row holds the zero point itself, so its weight is exactly 0 w
 column it reads::
 
     g_idx (the slice's rows)   3 0 3 1 0 3        counts: g0 2, g1 1, g2 0, g3 3
-    sorted, C = 2              0 0 | 1 . | 3 3 | 3 .      (. : padding, weight 0)
+    sorted, C = 2              0 0 | 1 . | 3 3 | 3 .      (. : padding, weight 0;
+                                                        C = 2 for the picture)
     zero / scale rows           g0 |  g1 |  g3 |  g3
 
 Every weight keeps its checkpoint value exactly; C is the multiple of the pack (a power of two up
