@@ -14,8 +14,12 @@ column it reads::
                                                         C = 2 for the picture)
     zero / scale rows           g0 |  g1 |  g3 |  g3
 
-Every weight keeps its checkpoint value exactly; C is the multiple of the pack (a power of two up
-to the group size, or the group size) that needs the fewest bytes for padding plus chunk rows.
+Every weight keeps its checkpoint value exactly; C is the multiple of the pack, up to the group
+size, that needs the fewest bytes for padding plus chunk rows. A slice of 1/tp of the rows holds
+about group_size/tp of each group, so C is usually the largest such count rounded up to the pack,
+one chunk a group: Llama-3.1-8B's down_proj at tp=2 (group 128, rows in random act order)
+comes to about 20 % over an even split of its bytes (a kernel reading g_idx per row would
+need no padding).
 """
 
 from __future__ import annotations
@@ -32,10 +36,7 @@ def best_chunk(counts: torch.Tensor, group_size: int, bits: int, scale_bytes: in
     """The chunk (rows per zero/scale row) that stores groups of ``counts`` rows in the fewest
     bytes per output column; ties go to the larger chunk (fewer rows to index)."""
     pack = 32 // bits
-    sizes = {c for c in (pack << i for i in range(32)) if c <= group_size}
-    if group_size % pack == 0:
-        sizes.add(group_size)
-    sizes = sorted(sizes or {pack}, reverse=True)
+    sizes = list(range(group_size - group_size % pack, 0, -pack)) or [pack]
     costs = [_chunk_bytes(counts, c, bits, scale_bytes + 1) for c in sizes]
     return sizes[costs.index(min(costs))]
 
