@@ -20,11 +20,12 @@ slice falls on a word and a group boundary. Layouts as in ``quant/int_format.py`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fulcrum.quant.int_format import IntWeightFormat
+if TYPE_CHECKING:
+    from fulcrum.quant.int_format import IntWeightFormat
 
 LEAVES = ("qweight", "qzeros", "scales", "g_idx")
 _COLUMN = {"q_proj": "q", "k_proj": "kv", "v_proj": "kv", "gate_proj": "mlp", "up_proj": "mlp"}

@@ -6,13 +6,15 @@ AWQ's packed tensors as ``packed_shards.py`` says."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fulcrum.distributed.layers import local_kv_heads, vocab_shard
 from fulcrum.distributed.packed_shards import packed_slice, whole
-from fulcrum.quant.int_format import IntWeightFormat
+
+if TYPE_CHECKING:
+    from fulcrum.quant.int_format import IntWeightFormat
 
 _PACKED = ("gptq", "awq")
 
@@ -32,7 +34,9 @@ class ShardSpec:
     def from_hf(cls, c: Any, rank: int, world: int, quantization: str | None = None) -> ShardSpec:
         heads = c.num_attention_heads
         packed = None
-        if quantization in _PACKED:
+        if quantization in _PACKED:  # (the format's module imports the W4A16 kernels')
+            from fulcrum.quant.int_format import IntWeightFormat
+
             qc = getattr(c, "quantization_config", None)
             packed = IntWeightFormat.from_config(quantization, qc if isinstance(qc, dict) else None)
         return cls(
