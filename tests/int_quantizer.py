@@ -151,3 +151,36 @@ def write_quantized(
             shutil.copy(os.path.join(src, extra), dst)
     model.load_state_dict({**state, **dequant})
     model.save_pretrained(ref, safe_serialization=True)
+
+
+def checkpoint_maker(sources: dict[str, str], root, formats: dict[str, tuple], seed: int):
+    """``get(arch, fmt) -> (checkpoint dir, reference dir)`` for the model ``sources[arch]``
+    quantized as ``formats[fmt] = (method, bits, group_size, sym, desc_act)``, written under
+    ``root`` on first use."""
+    made: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def get(arch: str, fmt: str) -> tuple[str, str]:
+        if (arch, fmt) not in made:
+            method, bits, gs, sym, act = formats[fmt]
+            dst, ref = os.path.join(root, f"{arch}_{fmt}"), os.path.join(root, f"{arch}_{fmt}_ref")
+            write_quantized(sources[arch], dst, ref, method, bits, gs, sym, act, seed=seed)
+            made[arch, fmt] = (dst, ref)
+        return made[arch, fmt]
+
+    return get
+
+
+def with_config(src: str, dst: str, quant: dict | None = None, **model) -> str:
+    """A copy of checkpoint ``src`` at ``dst`` (its files linked) whose config.json has
+    ``quant`` merged into its ``quantization_config`` and ``model`` into its top level."""
+    os.makedirs(dst, exist_ok=True)
+    for f in os.listdir(src):
+        if f != "config.json":
+            os.symlink(os.path.join(src, f), os.path.join(dst, f))
+    with open(os.path.join(src, "config.json")) as fh:
+        config = json.load(fh)
+    config["quantization_config"].update(quant or {})
+    config.update(model)
+    with open(os.path.join(dst, "config.json"), "w") as fh:
+        json.dump(config, fh)
+    return dst

@@ -162,7 +162,11 @@ def test_fp8_tp2_is_as_close_to_float_as_tp1(tiny_models):
     params = SamplingParams(temperature=0, max_tokens=1, logprobs=20)
 
     def first_logprobs(**kw) -> list[dict[int, float]]:
-        outs = LLM(path, **ENGINE, **kw).generate(prompts, params, use_tqdm=False)
+        llm = LLM(path, **ENGINE, **kw)
+        try:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+        finally:  # the next test's ranks need this process's group gone
+            llm.core.shutdown()
         return [{t: lp.logprob for t, lp in o.outputs[0].logprobs[0].items()} for o in outs]
 
     ref = first_logprobs()

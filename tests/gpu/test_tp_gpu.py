@@ -28,9 +28,16 @@ def _run(llm: LLM, prompts):
     return toks, tops
 
 
-@pytest.mark.parametrize("quantization", ["none", "fp8"])
-def test_tp2_agrees_with_tp1(tiny_models, quantization):
+@pytest.mark.parametrize("quantization", ["none", "fp8", "gptq"])
+def test_tp2_agrees_with_tp1(tiny_models, tmp_path, quantization):
+    """gptq: a 4-bit act-order checkpoint (group 32, asymmetric), whose row-parallel slices
+    are regrouped (quant/int_regroup.py) for the W4A16 kernels."""
     path = tiny_models["qwen2"]
+    if quantization == "gptq":
+        from int_quantizer import write_quantized
+
+        path, ref = str(tmp_path / "gptq"), str(tmp_path / "ref")
+        write_quantized(tiny_models["qwen2"], path, ref, "gptq", 4, 32, sym=False, desc_act=True)
     kw = dict(quantization=quantization, gpu_memory_utilization=0.3, max_num_seqs=8)
     one = LLM(path, **kw)
     ref, ref_top = _run(one, PROMPTS)

@@ -12,7 +12,7 @@ import torch
 
 from fulcrum import LLM, SamplingParams
 from fulcrum.quant.int4 import IntLinear
-from int_quantizer import dequantize_reference, quantize_linear, write_quantized
+from int_quantizer import checkpoint_maker, dequantize_reference, quantize_linear, with_config
 from model_factory import hf_greedy
 
 # (method, bits, group_size, sym, desc_act): each layout and option once
@@ -29,18 +29,7 @@ PROMPTS = [list(range(5, 11)), list(range(20, 57)), [7] * 3 + list(range(100, 14
 @pytest.fixture(scope="module")
 def quantized(tiny_models, tmp_path_factory):
     """(arch, format) -> (checkpoint dir, reference dir), written on first use."""
-    root = tmp_path_factory.mktemp("int4")
-    made: dict[tuple[str, str], tuple[str, str]] = {}
-
-    def get(arch: str, fmt: str) -> tuple[str, str]:
-        if (arch, fmt) not in made:
-            method, bits, gs, sym, act = FORMATS[fmt]
-            dst, ref = str(root / f"{arch}_{fmt}"), str(root / f"{arch}_{fmt}_ref")
-            write_quantized(tiny_models[arch], dst, ref, method, bits, gs, sym, act, seed=3)
-            made[arch, fmt] = (dst, ref)
-        return made[arch, fmt]
-
-    return get
+    return checkpoint_maker(tiny_models, tmp_path_factory.mktemp("int4"), FORMATS, seed=3)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -88,19 +77,6 @@ def test_greedy_equals_transformers_on_dequantized_weights(quantized, arch: str,
     assert got == want
 
 
-def _with_config(src: str, dst: str, **changes) -> str:
-    os.makedirs(dst, exist_ok=True)
-    for f in os.listdir(src):
-        if f != "config.json":
-            os.symlink(os.path.join(src, f), os.path.join(dst, f))
-    with open(os.path.join(src, "config.json")) as fh:
-        config = json.load(fh)
-    config["quantization_config"].update(changes)
-    with open(os.path.join(dst, "config.json"), "w") as fh:
-        json.dump(config, fh)
-    return dst
-
-
 @pytest.mark.parametrize(
     "changes,match",
     [
@@ -116,7 +92,7 @@ def _with_config(src: str, dst: str, **changes) -> str:
 )
 def test_unsupported_formats_fail_at_load(quantized, tmp_path, changes, match: str) -> None:
     dst, _ = quantized("llama", "gptq4_g32_sym")
-    bad = _with_config(dst, str(tmp_path / "bad"), **changes)
+    bad = with_config(dst, str(tmp_path / "bad"), changes)
     with pytest.raises(ValueError, match=match):
         LLM(bad, device="cpu", dtype="float32")
 

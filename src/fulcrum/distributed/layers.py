@@ -93,3 +93,5 @@ def parallelize(model: nn.Module) -> None:
     for name, m in model.named_modules():
         if name.endswith((".o_proj", ".down_proj")):
             m.register_forward_hook(_reduce_output)
+            if hasattr(m, "shard_input"):  # packed formats: act-order slices hold every group
+                m.shard_input(tp_size())

@@ -1,15 +1,22 @@
 """Each rank's slice of each checkpoint tensor, read lazily (safetensors' ``get_slice`` reads
 only those bytes). The layout is ``layers.py``'s: column-parallel projections split their
-output rows, row-parallel ones their input columns, the vocabulary tables their rows."""
+output rows, row-parallel ones their input columns, the vocabulary tables their rows; GPTQ and
+AWQ's packed tensors as ``packed_shards.py`` says."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fulcrum.distributed.layers import local_kv_heads, vocab_shard
+from fulcrum.distributed.packed_shards import packed_slice, whole
+
+if TYPE_CHECKING:
+    from fulcrum.quant.int_format import IntWeightFormat
+
+_PACKED = ("gptq", "awq")
 
 
 @dataclass(frozen=True)
@@ -21,14 +28,21 @@ class ShardSpec:
     head_dim: int
     intermediate_size: int
     vocab_size: int
+    packed: IntWeightFormat | None = None  # a GPTQ/AWQ checkpoint's layout (packed_shards.py)
 
     @classmethod
-    def from_hf(cls, c: Any, rank: int, world: int) -> ShardSpec:
+    def from_hf(cls, c: Any, rank: int, world: int, quantization: str | None = None) -> ShardSpec:
         heads = c.num_attention_heads
+        packed = None
+        if quantization in _PACKED:  # (the format's module imports the W4A16 kernels')
+            from fulcrum.quant.int_format import IntWeightFormat
+
+            qc = getattr(c, "quantization_config", None)
+            packed = IntWeightFormat.from_config(quantization, qc if isinstance(qc, dict) else None)
         return cls(
             rank, world, heads, getattr(c, "num_key_value_heads", None) or heads,
             getattr(c, "head_dim", None) or c.hidden_size // heads, c.intermediate_size,
-            c.vocab_size,
+            c.vocab_size, packed,
         )  # fmt: skip
 
     def q_range(self) -> tuple[int, int]:
@@ -65,11 +79,13 @@ class ShardSpec:
         slice (both take ``[a:b]`` and ``[:, a:b]``)."""
         if name.endswith(("embed_tokens.weight", "lm_head.weight")):
             return self._vocab_rows(src)
+        if self.packed is not None and (t := packed_slice(self, self.packed, name, src)) is not None:
+            return t
         if ".qkv_proj." in name or ".gate_up_proj." in name:  # already fused (Phi-3)
-            return self._fused(name, _full(src))
+            return self._fused(name, whole(src))
         rule = self.rule(name)
         if rule is None:
-            return _full(src)
+            return whole(src)
         dim, (start, n) = rule
         return _take(src, dim, start, n)
 
@@ -90,10 +106,6 @@ class ShardSpec:
             parts = t.split(self.intermediate_size)
             ranges = [self.mlp_range()] * 2
         return torch.cat([p.narrow(0, s, n) for p, (s, n) in zip(parts, ranges, strict=True)])
-
-
-def _full(src: Any) -> torch.Tensor:
-    return src if isinstance(src, torch.Tensor) else src[:]
 
 
 def _take(src: Any, dim: int, start: int, n: int) -> torch.Tensor:

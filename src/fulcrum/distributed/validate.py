@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from fulcrum.config import ModelConfig, ParallelConfig
+from fulcrum.distributed.packed_shards import check_packed_shards
+from fulcrum.distributed.sharding import ShardSpec
 
 # The architectures whose model class shards (model/llama.py's LlamaForCausalLM).
 TP_ARCHITECTURES = (
@@ -14,11 +16,12 @@ TP_ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "Phi3ForCausalLM",
 )
-# Weight formats kept packed along the input dimension: their row-parallel slices would cut
-# quantization groups, so they load on one rank only. FP8 shards: a row-parallel rank scales its
-# slice of each row (and of each token's activation) by that slice's own maximum, which is as
-# close to the float weights as one rank's scaling, not bit-equal to it.
-_UNSHARDED_QUANT = ("gptq", "awq", "gguf")
+# GGUF's blocks load on one rank only (its converted checkpoint is not sliced per rank). FP8
+# shards: a row-parallel rank scales its slice of each row (and of each token's activation) by
+# that slice's own maximum, which is as close to the float weights as one rank's scaling, not
+# bit-equal to it. GPTQ and AWQ shard exactly (packed_shards.py), where the slices fall on
+# word and group boundaries.
+_UNSHARDED_QUANT = ("gguf",)
 
 
 def validate_parallel(pc: ParallelConfig, mc: ModelConfig, device: torch.device) -> None:
@@ -51,6 +54,9 @@ def validate_parallel(pc: ParallelConfig, mc: ModelConfig, device: torch.device)
             f"{where}: quantization={mc.quantization} is not supported with tensor parallelism "
             "yet; run it on one rank, or use unquantized weights."
         )
+    spec = ShardSpec.from_hf(c, 0, tp, mc.quantization)
+    if spec.packed is not None:
+        check_packed_shards(spec, spec.packed, where)
     backend = pc.backend(device)
     if backend == "nccl" and device.type != "cuda":
         raise ValueError(f"distributed_backend=nccl needs CUDA devices, got device={device}.")

@@ -5,7 +5,8 @@ A layer first holds its checkpoint's tensors as they are on disk (``int_format.p
 both layouts); fused projections (qkv, gate_up) take each shard's columns. Once every tensor
 is in, ``finish_loading`` repacks them, once, into the layout the kernels read
 (``kernels/w4a16.py``: ``int32 [in/8, out]``, zeros as bytes, groups contiguous) and drops the
-checkpoint copies. At run time:
+checkpoint copies. A tensor-parallel rank's act-order slice of a row-parallel layer's input rows
+is regrouped into padded chunks instead (``int_regroup.py``). At run time:
 
 - CUDA: the W4A16 GEMV up to ``kernel_config.gemv.max_m`` rows, the W4A16 GEMM above; an
   act-order layer gathers x's columns into its permuted row order first.
@@ -44,11 +45,29 @@ class IntLinear(Configured, nn.Module):
         # act-order: the checkpoint row each packed row came from (None: the identity)
         self.register_buffer("perm", None, persistent=False)
         self._g_idx_shards = 0
+        self.all_groups = False  # an act-order row-parallel slice: every group's zeros, scales
+
+    def shard_input(self, world: int) -> None:
+        """This layer holds one of ``world`` row-parallel slices of a layer's input rows (the
+        loader hands it those rows). An act-order checkpoint spreads each group's rows over
+        every slice, so the layer then takes all the groups' zeros and scales, and regroups its
+        rows when loading finishes (``int_regroup.py``); otherwise its slice is whole groups."""
+        fmt = self.fmt
+        if not fmt.desc_act or fmt.group_size == -1 or self.packed:
+            return
+        groups = self.in_features * world // fmt.group_size
+        shapes = fmt.checkpoint_shapes(self.in_features, self.out_features, groups)
+        for name in ("qzeros", "scales"):
+            shape, dtype = shapes[name]
+            dev = getattr(self, name).device
+            t = torch.zeros(shape, dtype=dtype, device=dev)
+            setattr(self, name, nn.Parameter(t, requires_grad=False))
+        self.all_groups = True
 
     def check_format(self, name: str) -> None:
         """Raise naming the layer if the checkpoint's format cannot describe it (before loading)."""
         self.layer_name = name
-        self.fmt.check_layer(name, self.in_features, self.out_features)
+        self.fmt.check_layer(name, self.in_features, self.out_features, not self.all_groups)
 
     def load_packed(self, leaf: str, tensor: torch.Tensor, offset: tuple[int, int] | None) -> bool:
         """Copy checkpoint tensor ``leaf`` (output features ``offset = (start, size)`` of a
@@ -89,7 +108,9 @@ class IntLinear(Configured, nn.Module):
             return
         names = list(self.fmt.checkpoint_shapes(self.in_features, self.out_features))
         tensors = {n: getattr(self, n).data for n in names}
-        qweight, zeros, scales, perm = repack(self.fmt, tensors, self.in_features, self.layer_name)
+        qweight, zeros, scales, perm, self.group = repack(
+            self.fmt, tensors, self.in_features, self.layer_name
+        )
         for n in names:
             delattr(self, n)
         self._set_packed(qweight, zeros, scales, perm)
@@ -124,8 +145,9 @@ class IntLinear(Configured, nn.Module):
         w = w4a16.dequantize_t(
             self.qweight, self.zeros, self.scales, self.group, self.fmt.bits, self.mins
         )
-        if self.perm is not None:
-            w = torch.empty_like(w).index_copy_(1, self.perm.to(w.device), w)
+        if self.perm is not None:  # padding rows of a regrouped slice add their zero weight
+            out = w.new_zeros(w.shape[0], self.in_features)
+            w = out.index_add_(1, self.perm.to(w.device), w)
         return w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from fulcrum.kernels.w4a16 import pack_rows, unpack_rows
+from fulcrum.quant.int_regroup import regroup
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble j of a word holds column ORDER[j] of its 8
 AWQ_REVERSE = (0, 4, 1, 5, 2, 6, 3, 7)  # column c of a word sits in nibble REVERSE[c]
@@ -84,10 +85,14 @@ class IntWeightFormat:
     def group_for(self, in_features: int) -> int:
         return in_features if self.group_size == -1 else self.group_size
 
-    def check_layer(self, name: str, in_features: int, out_features: int) -> None:
-        """Raise ``ValueError`` naming ``name`` and the field if this layer cannot take it."""
+    def check_layer(
+        self, name: str, in_features: int, out_features: int, whole_groups: bool = True
+    ) -> None:
+        """Raise ``ValueError`` naming ``name`` and the field if this layer cannot take it
+        (``whole_groups`` False: an act-order slice of a layer's input rows, any number of each
+        group's)."""
         group = self.group_for(in_features)
-        if in_features % group:
+        if whole_groups and in_features % group:
             raise ValueError(
                 f"{name}: quantization_config.group_size {group} does not divide the layer's "
                 f"{in_features} input features."
@@ -98,9 +103,13 @@ class IntWeightFormat:
                 f"the layer's shape [{out_features}, {in_features}] is not a multiple of that."
             )
 
-    def checkpoint_shapes(self, in_features: int, out_features: int) -> dict[str, tuple]:
-        """The checkpoint tensors of one layer and their shapes (output dimension last)."""
-        groups = max(1, in_features // self.group_for(in_features))
+    def checkpoint_shapes(
+        self, in_features: int, out_features: int, groups: int | None = None
+    ) -> dict[str, tuple]:
+        """The checkpoint tensors of one layer and their shapes (output dimension last);
+        ``groups``: rows of zeros and scales where they are not the layer's own (an act-order
+        row-parallel slice holds every group's)."""
+        groups = groups or max(1, in_features // self.group_for(in_features))
         p = self.pack
         if self.method == "gptq":
             return {
@@ -140,9 +149,11 @@ def repack(
     tensors: dict[str, torch.Tensor],
     in_features: int,
     name: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Checkpoint tensors -> ``(qweight [in/P, out], zeros uint8 (int16 for v1's 256) [groups, out], scales,
-    perm [in] or None)`` in the kernels' layout."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, int]:
+    """Checkpoint tensors -> ``(qweight [rows/P, out], zeros uint8 (int16 for v1's 256) [rows/group, out],
+    scales, perm [rows] or None, group)`` in the kernels' layout: ``rows`` is ``in_features``,
+    or more for an act-order slice of a layer's rows (``int_regroup.py``), whose ``group`` is
+    then the chunk it was regrouped by."""
     group = fmt.group_for(in_features)
     scales = tensors["scales"]
     if fmt.method == "awq":
@@ -153,7 +164,11 @@ def repack(
         zeros = unpack_cols(tensors["qzeros"], fmt.bits) + (1 if fmt.zeros_minus_one else 0)
     perm = None
     g_idx = tensors.get("g_idx")
-    if g_idx is not None:
+    if g_idx is not None and scales.shape[0] * group != in_features:  # act-order row slice
+        q, zeros, scales, perm, group = regroup(
+            q, zeros, scales, g_idx.long(), fmt.bits, fmt.group_size, name
+        )
+    elif g_idx is not None:
         g_idx = g_idx.long()
         want = torch.arange(in_features, device=g_idx.device) // group
         if not torch.equal(g_idx, want):  # act-order: permute rows so groups are contiguous
@@ -166,4 +181,4 @@ def repack(
             q = q[perm]
     # v1 reads a stored 8-bit 255 back as zero 256: the only zero that needs more than a byte
     zdtype = torch.uint8 if int(zeros.max()) < 256 else torch.int16
-    return pack_rows(q, fmt.bits), zeros.to(zdtype), scales, perm
+    return pack_rows(q, fmt.bits), zeros.to(zdtype), scales, perm, group

@@ -97,7 +97,7 @@ def _tp_shard(mc: ModelConfig):
         return None
     from fulcrum.distributed.sharding import ShardSpec
 
-    return ShardSpec.from_hf(mc.hf_config, tp_rank(), tp_size())
+    return ShardSpec.from_hf(mc.hf_config, tp_rank(), tp_size(), mc.quantization)
 
 
 def load_model(
