@@ -1,11 +1,16 @@
 """Test helpers: a round-to-nearest K-quant encoder (``gguf`` only decodes Q4_K/Q5_K/Q6_K) and a
 tiny random Llama written as a GGUF file whose projections use the types asked for, with the
-embedded SmolLM2's tokenizer and chat template so transformers and fulcrum can read it."""
+embedded SmolLM2's tokenizer (cut to its first tokens) and chat template, so transformers and
+fulcrum can read it."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+VOCAB = 4096  # SmolLM2's first tokens (and the merges among them): a small, fast tokenizer
+WSCALE = 3.0  # weights at 3 / sqrt(fan-in): greedy tokens vary (smaller ones repeat one token)
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS = 256, 512, 2, 4, 2
 
 
@@ -60,31 +65,53 @@ def quantize_k(w: np.ndarray, type_name: str) -> np.ndarray:
     return np.concatenate(blocks, axis=1).reshape(n, -1)
 
 
-def write_tiny_llama(path: str, types: dict[tuple[int, str], str], seed: int = 0) -> None:
-    """A 2-layer Llama (hidden 256, GQA 4/2 heads, SmolLM2's vocabulary) at ``path``; projection
-    ``(layer, gguf name)`` (``attn_q``, ``ffn_down``, ...) has ``types[...]`` (default Q4_K)."""
+@functools.cache
+def _metadata() -> list[tuple]:
+    """SmolLM2's key-value fields (key, value, type, sub-type), the vocabulary cut to VOCAB."""
     import gguf
 
     from fulcrum.model.loader.default_model import default_model_path
 
     reader = gguf.GGUFReader(default_model_path())
-    over = {
-        "llama.block_count": LAYERS, "llama.embedding_length": HIDDEN,
-        "llama.feed_forward_length": INTER, "llama.attention.head_count": HEADS,
-        "llama.attention.head_count_kv": KV_HEADS, "llama.rope.dimension_count": HIDDEN // HEADS,
-        "llama.context_length": 512,
-    }  # fmt: skip
-    writer = gguf.GGUFWriter(path, "llama")
+    out = []
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
         sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        value = over.get(key, field.contents())
-        writer.add_key_value(key, value, field.types[0], sub_type=sub)
+        value = field.contents()
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
+            value = value[:VOCAB]
+        out.append((key, value, field.types[0], sub))
+    kept = set(next(v for k, v, *_ in out if k == "tokenizer.ggml.tokens"))
+    for i, (key, value, vtype, sub) in enumerate(out):
+        if key == "tokenizer.ggml.merges":  # only merges of kept tokens into a kept token
+            merges = [m for m in value if (p := m.split(" "))[0] in kept and p[1] in kept
+                      and p[0] + p[1] in kept]  # fmt: skip
+            out[i] = (key, merges, vtype, sub)
+    return out
+
+
+def write_tiny_llama(path: str, types: dict[tuple[int, str], str], seed: int = 0) -> None:
+    """A 2-layer Llama (hidden 256, GQA 4/2 heads, VOCAB tokens) at ``path``; projection
+    ``(layer, gguf name)`` (``attn_q``, ``ffn_down``, ...) has ``types[...]`` (default Q4_K)."""
+    import gguf
+
+    over = {
+        "llama.block_count": LAYERS, "llama.embedding_length": HIDDEN,
+        "llama.feed_forward_length": INTER, "llama.attention.head_count": HEADS,
+        "llama.attention.head_count_kv": KV_HEADS, "llama.rope.dimension_count": HIDDEN // HEADS,
+        "llama.context_length": 512, "llama.vocab_size": VOCAB,
+    }  # fmt: skip
+    writer = gguf.GGUFWriter(path, "llama")
+    for key, value, vtype, sub in _metadata():
+        writer.add_key_value(key, over.get(key, value), vtype, sub_type=sub)
     rng = np.random.default_rng(seed)
-    vocab = int(reader.fields["llama.vocab_size"].contents())
-    writer.add_tensor("token_embd.weight", (rng.standard_normal((vocab, HIDDEN)) * 0.5).astype(np.float16))
-    writer.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
+    writer.add_tensor(
+        "token_embd.weight", (rng.standard_normal((VOCAB, HIDDEN)) * 0.5).astype(np.float16)
+    )
+    writer.add_tensor(
+        "output_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32)
+    )
     head = HIDDEN // HEADS
     shapes = {"attn_q": (HIDDEN, HIDDEN), "attn_k": (KV_HEADS * head, HIDDEN),
               "attn_v": (KV_HEADS * head, HIDDEN), "attn_output": (HIDDEN, HIDDEN),
@@ -94,7 +121,7 @@ def write_tiny_llama(path: str, types: dict[tuple[int, str], str], seed: int = 0
             w = (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32)
             writer.add_tensor(f"blk.{i}.{norm}.weight", w)
         for name, (n, k) in shapes.items():
-            w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+            w = (rng.standard_normal((n, k)) * WSCALE / np.sqrt(k)).astype(np.float32)
             w += rng.uniform(-0.05, 0.05, (n, 1)).astype(np.float32)  # rows off zero: mins matter
             t = types.get((i, name), "Q4_K")
             qtype = gguf.GGMLQuantizationType[t]

@@ -72,3 +72,42 @@ def test_gemv_equals_reference(case) -> None:
 def test_gemm_equals_reference(case) -> None:
     x, w, b, want = _case(*case, seed=sum(case[1:4]))
     torch.testing.assert_close(kquant.gemm(x, w, b).cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 20])  # the GEMV up to gemv.max_m rows, the GEMM above
+@pytest.mark.parametrize("kinds", [["Q8_0", "Q6_K", "Q6_K", "Q4_K"], ["Q5_K"]])
+def test_gguf_layer_runs_each_part_through_its_kernels(monkeypatch, rows: int, kinds) -> None:
+    """A fused GGUF layer whose shards mix types (adjacent shards of one type merge into one
+    part) through its Triton path, forced on the CPU: equal to its dequantized weight."""
+    import gguf
+
+    import fulcrum.quant.gguf as gguf_quant
+    from fulcrum.kernels import w4a16
+
+    k, size = 256, 16
+    lin = gguf_quant.GgufLinear(k, size * len(kinds), bias=True)
+    lin.check_format("layer")
+    gen = torch.Generator().manual_seed(rows)
+    for i, t in enumerate(kinds):
+        if t in BYTES:
+            raw = random_blocks(t, size, k, seed=i)
+        else:
+            w = torch.randn(size, k, generator=gen).numpy() * 0.05
+            raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType[t])
+        assert lin.load_packed("blocks", gguf_quant.GgufBlocks(t, raw, size, k), (i * size, size))
+    lin.bias.data.normal_(generator=gen)
+    lin.finish_loading()
+    merged = [t for i, t in enumerate(kinds) if i == 0 or kinds[i - 1] != t]
+    assert [p.type_name for p in lin.parts] == merged
+    x = torch.randn(rows, k, generator=gen)
+    want = x @ lin.dequantized_weight().t() + lin.bias
+    called = []
+    for mod in (kquant, w4a16):
+        for name in ("gemv", "gemm"):
+            real = getattr(mod, name)
+            spy = lambda *a, _r=real, _n=name, **kw: called.append(_n) or _r(*a, **kw)  # noqa: E731
+            monkeypatch.setattr(mod, name, spy)
+    monkeypatch.setattr(gguf_quant, "use_triton", lambda x, kc: True)
+    torch.testing.assert_close(lin(x), want, rtol=1e-4, atol=1e-4)
+    few = rows <= min(lin.kernel_config.gemv.max_m, 4)
+    assert called == ["gemv" if few else "gemm"] * len(merged)

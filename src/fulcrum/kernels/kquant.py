@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fulcrum.kernels.w4a16 import unpack_rows
+from fulcrum.kernels.w4a16 import gemv_step, store_tile, unpack_rows
 
 SUPER = 256
 # type -> (H high bits, SUB rows per sub-scale, ZERO, has mins)
@@ -84,7 +84,9 @@ def _tile(lo_ptr, hi_ptr, sc_ptr, m_ptr, d_ptr, dm_ptr, k0, offs_n, mask_n, N, H
     # Each word loaded once and spread over its rows: [BLOCK_K / P, N] -> [BLOCK_K / P, P, N].
     rows = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     lo = tl.load(lo_ptr + rows[:, None] * N + n2, mask=m2, other=0)
-    q = tl.reshape((lo[:, None, :] >> (tl.arange(0, 8) * 4)[None, :, None]) & 0xF, [BLOCK_K, BLOCK_N])
+    q = tl.reshape(
+        (lo[:, None, :] >> (tl.arange(0, 8) * 4)[None, :, None]) & 0xF, [BLOCK_K, BLOCK_N]
+    )
     if HI > 0:
         P: tl.constexpr = 32 // HI
         hrows = k0 // P + tl.arange(0, BLOCK_K // P)
@@ -119,17 +121,9 @@ def _gemv_kernel(x_ptr, lo_ptr, hi_ptr, sc_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out
         k = k0 + tl.arange(0, BLOCK_K)
         w = _tile(lo_ptr, hi_ptr, sc_ptr, m_ptr, d_ptr, dm_ptr, k0, offs_n, mask_n, N, HI, SUB,
                   ZERO, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
-        if BLOCK_M == 1:
-            acc1 += w * tl.load(x_ptr + k).to(tl.float32)[:, None]
-        else:
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask_m[:, None], other=0.0)
-            acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
-    if BLOCK_M == 1:
-        acc = tl.sum(acc1, axis=0)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+        acc1, acc = gemv_step(acc1, acc, w, x_ptr, k, k < K, offs_m, mask_m, stride_xm, BLOCK_M)
+    store_tile(acc1, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
+               BLOCK_M, True)  # fmt: skip
 
 
 @triton.jit
@@ -152,10 +146,8 @@ def _gemm_kernel(x_ptr, lo_ptr, hi_ptr, sc_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out
             acc = tl.dot(x, w, acc, input_precision="ieee")
         else:
             acc = tl.dot(x, w.to(x.dtype), acc)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    dst = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    store_tile(acc, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
+               BLOCK_M, False)  # fmt: skip
 
 
 def _prepare(x: torch.Tensor, w: KPacked, block_k: int) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -95,7 +95,9 @@ class _SmallPart(nn.Module):
         self.mins = nn.Parameter(t["mins"], requires_grad=False) if has_min else None
 
     def dequantized(self) -> torch.Tensor:
-        return w4a16.dequantize_t(self.qweight, self.zeros, self.scales, BLOCK, self.bits, self.mins)
+        return w4a16.dequantize_t(
+            self.qweight, self.zeros, self.scales, BLOCK, self.bits, self.mins
+        )
 
     def run(self, x: torch.Tensor, bias: torch.Tensor | None, few: bool) -> torch.Tensor:
         fn = w4a16.gemv if few else w4a16.gemm
@@ -114,7 +116,9 @@ class _KPart(nn.Module):
             setattr(self, f, nn.Parameter(getattr(w, f), requires_grad=False))
 
     def packed(self) -> kquant.KPacked:
-        return kquant.KPacked(self.type_name, *(getattr(self, f, None) for f in kquant.KPacked._fields[1:]))
+        return kquant.KPacked(
+            self.type_name, *(getattr(self, f, None) for f in kquant.KPacked._fields[1:])
+        )
 
     def dequantized(self) -> torch.Tensor:
         return kquant.dequantize(self.packed()).t()
