@@ -68,6 +68,27 @@ def dequantize(w: KPacked) -> torch.Tensor:
     return out.view(k, n)
 
 
+def random_packed(qtype: str, n: int, k: int, generator: torch.Generator, device) -> KPacked:
+    """Random words and scales in the layout (benchmarks, GPU tests): weights of about +-0.02."""
+    hi, sub, _, has_min = TYPES[qtype]
+    kw = {"generator": generator, "device": device}
+
+    def words(rows: int) -> torch.Tensor:
+        return torch.randint(-(2**31), 2**31 - 1, (rows, n), dtype=torch.int32, **kw)
+
+    def small(rows: int, lo: int, hi_: int, dtype) -> torch.Tensor:
+        return torch.randint(lo, hi_, (rows, n), **kw).to(dtype)
+
+    qmax = (1 << (4 + hi)) - 1
+    d = (torch.rand(k // SUPER, n, **kw) * 0.02 / (63 * qmax) + 1e-7).half()
+    if not has_min:
+        sc = small(k // sub, -128, 128, torch.int8)
+        return KPacked(qtype, words(k // 8), words(k * hi // 32), sc, None, d * 4, None)
+    m, dmin = small(k // 32, 0, 64, torch.uint8), (d.float() * qmax / 2).half()
+    qhi = words(k * hi // 32) if hi else None
+    return KPacked(qtype, words(k // 8), qhi, small(k // sub, 0, 64, torch.uint8), m, d, dmin)
+
+
 def reference_matmul(x: torch.Tensor, w: KPacked, bias: torch.Tensor | None) -> torch.Tensor:
     """Dequantize, then matmul in fp32: what both kernels must equal."""
     y = x.float() @ dequantize(w)

@@ -154,8 +154,9 @@ def gemv_step(acc1, acc, w, x_ptr, k, mask_k, offs_m, mask_m, stride_xm, BLOCK_M
 def store_tile(acc1, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, ROW_SUM: tl.constexpr):  # fmt: skip
     """``acc`` (or, with ``ROW_SUM`` and one row, ``acc1`` summed over K) plus the bias, stored."""
-    if ROW_SUM and BLOCK_M == 1:
-        acc = tl.sum(acc1, axis=0)[None, :]
+    if ROW_SUM:
+        if BLOCK_M == 1:
+            acc = tl.sum(acc1, axis=0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     dst = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
