@@ -61,7 +61,7 @@ def test_mixed_k_quant_gguf_close_to_dequantized_bf16(tmp_path, monkeypatch) -> 
     prompts = [list(range(5, 11)), list(range(20, 57))]
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=5)
     res = {}
-    for name, quant in (("packed", "gguf"), ("ref", None)):
+    for name, quant in (("packed", "gguf"), ("ref", "none")):
         llm = LLM(path, dtype="bfloat16", quantization=quant, num_kv_blocks=64, max_model_len=256)
         outs = llm.generate(prompts, sp, use_tqdm=False)
         res[name] = (
