@@ -6,7 +6,7 @@ linear, the floor (the packed layout's bytes at 4.28 TB/s) and the max relative 
 dequantize-then-matmul where it exceeds 2e-2.
 
     python benchmarks/kquant_bench.py [--types Q4_K Q5_K Q6_K] [--m 1 4 16 64 256 1024]
-        [--shapes qkv down ...] [--gemv-configs 32,256,4 ...] [--gemm-configs 64,128,64,4 ...]
+        [--shapes qkv down ...] [--gemv-configs 32,256,4[,split_k] ...] [--gemm-configs 64,128,64,4 ...]
 """
 
 from __future__ import annotations
@@ -14,14 +14,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_h200 as g  # noqa: E402
-from w4a16_bench import SHAPES  # noqa: E402
+from w4a16_bench import SHAPES, time_variants  # noqa: E402
 
-GEMV_CONFIGS = ["32,256,4", "16,256,4", "64,256,4", "32,128,4", "32,256,8", "16,128,2"]
+GEMV_CONFIGS = [
+    "32,256,4",
+    "16,256,4",
+    "64,256,4",
+    "32,128,4",
+    "32,256,8",
+    "16,128,2",
+    "32,256,4,2",
+    "32,256,4,4",
+    "64,256,4,4",
+    "32,128,4,8",
+]  # (block_n, block_k, warps[, split_k])
 GEMM_CONFIGS = ["64,128,64,4", "128,128,64,8", "32,64,128,4", "16,64,128,4", "64,64,256,4"]
 
 
@@ -69,27 +78,7 @@ def bench_shape(name: str, qtype: str, args: argparse.Namespace) -> None:
         variants["int4 gemm"] = (
             lambda x, i: w4a16.gemm(x, qws[i], zeros, scales, None, 128), int4[1])  # fmt: skip
         variants["cublas bf16"] = (lambda x, i: F.linear(x, bfs[i]), bf16_copies)
-        for vname, (lin, count) in variants.items():
-            try:
-                y = lin(x, 0).float()
-                if not vname.startswith(("cublas", "int4")):
-                    err = ((y - ref).abs().max() / ref.abs().max()).item()
-                    if err > 2e-2:
-                        row[vname + " err"] = err
-
-                def chain(lin=lin, count=count, x=x):
-                    def run() -> None:
-                        for i in range(count):
-                            lin(x, i)
-
-                    return run
-
-                graph = g.capture_graph(chain())
-                t = [g.replay_ms(graph, 1) for _ in range(args.rounds)]
-                row[vname] = round(statistics.median(t) * 1e3 / count, 2)
-                del graph
-            except Exception as e:  # noqa: BLE001  (a config that does not compile)
-                row[vname] = repr(e)[:100]
+        time_variants(row, variants, x, ref, args.rounds, exact=("cublas", "int4"))
         print("RESULT " + json.dumps(row), flush=True)
 
 

@@ -67,6 +67,16 @@ def test_gemv_equals_reference(case) -> None:
     torch.testing.assert_close(kquant.gemv(x, w, b).cpu(), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("split", [2, 4])
+def test_split_k_gemv_equals_reference(split: int) -> None:
+    """K over ``split`` programs per strip, partial sums (and the bias once) added atomically."""
+    x, w, b, want = _case("Q5_K", 2, 512, 24, True, seed=split)
+    cfg = (16, 64, 1, split) if DEVICE == "cpu" else (32, 128, 4, split)
+    torch.testing.assert_close(kquant.gemv(x, w, b, cfg).cpu(), want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="does not divide K"):
+        kquant.gemv(x, w, b, (16, 256, 1, 4))
+
+
 @pytest.mark.parametrize("case", [("Q4_K", 5, 256, 40, True), ("Q5_K", 17, 512, 16, False),
                                   ("Q6_K", 9, 256, 24, True)])  # fmt: skip
 def test_gemm_equals_reference(case) -> None:

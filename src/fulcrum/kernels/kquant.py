@@ -128,9 +128,10 @@ def _tile(lo_ptr, hi_ptr, sc_ptr, m_ptr, d_ptr, dm_ptr, k0, offs_n, mask_n, N, H
 
 @triton.jit
 def _gemv_kernel(x_ptr, lo_ptr, hi_ptr, sc_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out_ptr, M, N, K,
-                 stride_xm, stride_om, HI: tl.constexpr, SUB: tl.constexpr, ZERO: tl.constexpr,
-                 HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+                 stride_xm, stride_om, K_SPLIT, HI: tl.constexpr, SUB: tl.constexpr,
+                 ZERO: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):  # fmt: skip
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     offs_m = tl.arange(0, BLOCK_M)
@@ -138,13 +139,23 @@ def _gemv_kernel(x_ptr, lo_ptr, hi_ptr, sc_ptr, m_ptr, d_ptr, dm_ptr, b_ptr, out
     # One row: products summed elementwise, one reduction at the end (as kernels/gemv.py).
     acc1 = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start = tl.program_id(1) * K_SPLIT  # split-K: this program's K_SPLIT rows
+    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         w = _tile(lo_ptr, hi_ptr, sc_ptr, m_ptr, d_ptr, dm_ptr, k0, offs_n, mask_n, N, HI, SUB,
                   ZERO, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
         acc1, acc = gemv_step(acc1, acc, w, x_ptr, k, k < K, offs_m, mask_m, stride_xm, BLOCK_M)
-    store_tile(acc1, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
-               BLOCK_M, True)  # fmt: skip
+    if SPLIT == 1:
+        store_tile(acc1, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
+                   HAS_BIAS, BLOCK_M, True)  # fmt: skip
+    else:  # partial sums added into an fp32 output (the first split adds the bias)
+        if BLOCK_M == 1:
+            acc = tl.sum(acc1, axis=0)[None, :]
+        if HAS_BIAS:
+            b = tl.load(b_ptr + offs_n, mask=mask_n & (k_start == 0), other=0.0)
+            acc += b.to(tl.float32)[None, :]
+        dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.atomic_add(dst, acc, mask=mask_m[:, None] & mask_n[None, :])
 
 
 @triton.jit
@@ -203,16 +214,25 @@ def gemv(
     x: torch.Tensor,  # [M, K], a few rows
     w: KPacked,
     bias: torch.Tensor | None,
-    config: tuple[int, int, int] | None = None,  # (block_n, block_k, num_warps)
+    config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps[, split_k])
 ) -> torch.Tensor:
-    """``x @ dequant(w) (+ bias)`` for a few rows of ``x``, in ``x``'s dtype."""
-    block_n, block_k, warps = config or (GEMV_CONFIG if x.is_cuda else INTERPRET_GEMV_CONFIG)
+    """``x @ dequant(w) (+ bias)`` for a few rows of ``x``, in ``x``'s dtype. ``split_k`` > 1
+    (benchmarks) splits K over that many programs per strip, summed with fp32 atomics: more
+    programs where N is narrow, at the cost of run-to-run bitwise equality."""
+    cfg = config or (GEMV_CONFIG if x.is_cuda else INTERPRET_GEMV_CONFIG)
+    block_n, block_k, warps = cfg[:3]
     x, out, block_k = _prepare(x, w, block_k)
-    if x.shape[0] == 0:
+    m, k = x.shape
+    split = cfg[3] if len(cfg) > 3 else 1
+    if m == 0:
         return out
-    grid = (triton.cdiv(out.shape[1], block_n),)
-    return _launch(_gemv_kernel, grid, x, w, bias, out, BLOCK_M=triton.next_power_of_2(x.shape[0]),
-                   BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)  # fmt: skip
+    if split < 1 or k % (split * block_k):
+        raise ValueError(f"kquant: split_k {split} x block_k {block_k} does not divide K = {k}")
+    grid = (triton.cdiv(out.shape[1], block_n), split)
+    dst = out if split == 1 else torch.zeros(out.shape, dtype=torch.float32, device=x.device)
+    _launch(_gemv_kernel, grid, x, w, bias, dst, K_SPLIT=k // split, SPLIT=split,
+            BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)  # fmt: skip
+    return out if split == 1 else dst.to(x.dtype)
 
 
 def gemm(
