@@ -19,18 +19,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from w4a16_bench import SHAPES, time_variants  # noqa: E402
 
-GEMV_CONFIGS = [
-    "32,256,4",
-    "16,256,4",
-    "64,256,4",
-    "32,128,4",
-    "32,256,8",
-    "16,128,2",
-    "32,256,4,2",
-    "32,256,4,4",
-    "64,256,4,4",
-    "32,128,4,8",
-]  # (block_n, block_k, warps[, split_k])
+GEMV_CONFIGS = [  # (block_n, block_k, warps[, split_k])
+    "32,128,4", "32,256,8", "16,256,4", "64,128,8", "16,128,2",
+    "32,128,4,2", "32,128,4,4", "64,128,4,4", "32,128,4,8",
+]  # fmt: skip
 GEMM_CONFIGS = ["64,128,64,4", "128,128,64,8", "32,64,128,4", "16,64,128,4", "64,64,256,4"]
 
 

@@ -36,8 +36,9 @@ from fulcrum.kernels.w4a16 import gemv_step, store_tile, unpack_rows
 SUPER = 256
 # type -> (H high bits, SUB rows per sub-scale, ZERO, has mins)
 TYPES = {"Q4_K": (0, 32, 0, True), "Q5_K": (1, 32, 0, True), "Q6_K": (2, 16, 32, False)}
-GEMV_CONFIG = (32, 256, 4)  # (block_n, block_k, num_warps) on CUDA; benchmarks/kquant_bench.py
-GEMM_CONFIG = (64, 128, 64, 4)  # (block_m, block_n, block_k, num_warps) on CUDA
+GEMV_CONFIG = (32, 128, 4)  # (block_n, block_k, num_warps) on CUDA: ~100 registers, no spills
+GEMM_CONFIG = (64, 128, 64, 4)  # (block_m, block_n, block_k, num_warps) on CUDA; not tuned
+# (benchmarks/kquant_bench.py sweeps both)
 INTERPRET_GEMV_CONFIG = (16, 64, 1)
 INTERPRET_GEMM_CONFIG = (16, 16, 32, 1)
 
