@@ -190,6 +190,8 @@ class GgufLinear(Configured, nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """``[out, in]`` fp32 (tests, the CPU path)."""
+        if len(self.parts) == 1:  # no copy: the CPU path builds this on every call
+            return self.parts[0].dequantized()
         return torch.cat([p.dequantized() for p in self.parts])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
