@@ -89,3 +89,25 @@ def test_unsupported_type_is_named(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"'blk.1.ffn_up.weight' \(model.layers.1.mlp.up_proj."
                        r"weight\) has type Q5_0; packed GGUF supports Q4_0, Q4_1, Q8_0, Q4_K"):  # fmt: skip
         list(iter_gguf_packed(path, cfg, []))
+
+
+def test_missing_or_misshapen_shards_are_named() -> None:
+    import numpy as np
+
+    from fulcrum.quant.gguf import GgufBlocks
+
+    lin = GgufLinear(256, 32, bias=False)
+    lin.check_format("model.layers.0.mlp.gate_up_proj")
+    blocks = GgufBlocks("Q4_K", np.zeros((16, 144), np.uint8), 16, 256)
+    with pytest.raises(ValueError, match=r"gate_up_proj: GGUF tensor of shape \(16, 256\), "
+                       r"expected \(8, 256\)"):  # fmt: skip
+        lin.load_packed("blocks", blocks, (16, 8))
+    assert lin.load_packed("blocks", blocks, (16, 16))
+    with pytest.raises(ValueError, match="gate_up_proj: GGUF shards leave output features 0..16"):
+        lin.finish_loading()
+    lin.load_packed("blocks", blocks, (0, 16))
+    lin.finish_loading()
+    assert [p.type_name for p in lin.parts] == ["Q4_K"] and lin.dequantized_weight().shape == (
+        32,
+        256,
+    )
