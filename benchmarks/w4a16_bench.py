@@ -73,28 +73,35 @@ def bench_shape(name: str, args: argparse.Namespace) -> None:
         for c in args.gemm_configs:
             variants[f"gemm {c}"] = (kernel(w4a16.gemm, tuple(map(int, c.split(",")))), copies)
         variants["cublas bf16"] = (lambda x, i: F.linear(x, bfs[i]), bf16_copies)
-        for vname, (lin, count) in variants.items():
-            try:
-                y = lin(x, 0).float()
-                if not vname.startswith("cublas"):
-                    err = ((y - ref).abs().max() / ref.abs().max()).item()
-                    if err > 2e-2:
-                        row[vname + " err"] = err
-
-                def chain(lin=lin, count=count, x=x):
-                    def run() -> None:
-                        for i in range(count):
-                            lin(x, i)
-
-                    return run
-
-                graph = g.capture_graph(chain())
-                t = [g.replay_ms(graph, 1) for _ in range(args.rounds)]
-                row[vname] = round(statistics.median(t) * 1e3 / count, 2)
-                del graph
-            except Exception as e:  # noqa: BLE001  (a config that does not compile)
-                row[vname] = repr(e)[:100]
+        time_variants(row, variants, x, ref, args.rounds)
         print("RESULT " + json.dumps(row), flush=True)
+
+
+def time_variants(row: dict, variants: dict, x, ref, rounds: int, exact=("cublas",)) -> None:
+    """``row[name]``: µs per call of each ``variants[name] = (lin(x, copy), copies)``, timed as
+    a CUDA graph over its copies; ``row[name + " err"]`` where it is off ``ref`` by > 2e-2
+    (names starting with ``exact`` are not checked)."""
+    for vname, (lin, count) in variants.items():
+        try:
+            y = lin(x, 0).float()
+            if not vname.startswith(exact):
+                err = ((y - ref).abs().max() / ref.abs().max()).item()
+                if err > 2e-2:
+                    row[vname + " err"] = err
+
+            def chain(lin=lin, count=count, x=x):
+                def run() -> None:
+                    for i in range(count):
+                        lin(x, i)
+
+                return run
+
+            graph = g.capture_graph(chain())
+            t = [g.replay_ms(graph, 1) for _ in range(rounds)]
+            row[vname] = round(statistics.median(t) * 1e3 / count, 2)
+            del graph
+        except Exception as e:  # noqa: BLE001  (a config that does not compile)
+            row[vname] = repr(e)[:100]
 
 
 def main() -> None:

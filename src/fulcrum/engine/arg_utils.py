@@ -56,8 +56,9 @@ _HELP = {
     "GEMMs: half the weight bytes; GPUs of compute capability 8.9+, or the CPU). Checkpoints in "
     "full precision are quantized as they load; gptq or awq (weight-only 4-bit integers, 8-bit "
     "for gptq, kept packed; Triton W4A16 kernels on CUDA). A checkpoint whose config.json has a "
-    "gptq or awq quantization_config selects its method itself; gguf (a GGUF file's Q4_0, Q4_1 "
-    "and Q8_0 projections kept packed for the same kernels; default: dequantized at load).",
+    "gptq or awq quantization_config selects its method itself; gguf (a GGUF file's Q4_0, Q4_1, "
+    "Q8_0, Q4_K, Q5_K and Q6_K projections kept packed for Triton kernels; default: dequantized "
+    "at load).",
     "kv_cache_dtype": "KV-cache storage: auto (the model's dtype) or fp8 (float8 e4m3, scale 1.0: "
     "half the bytes per token, so twice the tokens fit and decode reads half as much KV).",
     "enable_prefix_caching": "Reuse KV of shared prompt prefixes across requests (radix cache).",

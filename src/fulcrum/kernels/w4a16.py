@@ -138,6 +138,32 @@ def _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
 
 
 @triton.jit
+def gemv_step(acc1, acc, w, x_ptr, k, mask_k, offs_m, mask_m, stride_xm, BLOCK_M: tl.constexpr):
+    """Add rows ``k`` of x times the weight tile ``w`` (fp32 ``[BLOCK_K, BLOCK_N]``): one row
+    into ``acc1`` elementwise (reduced once at the end by :func:`store_tile`), more into ``acc``."""
+    if BLOCK_M == 1:
+        acc1 += w * tl.load(x_ptr + k, mask=mask_k, other=0.0).to(tl.float32)[:, None]
+    else:
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
+                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
+        acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
+    return acc1, acc
+
+
+@triton.jit
+def store_tile(acc1, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
+               HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, ROW_SUM: tl.constexpr):  # fmt: skip
+    """``acc`` (or, with ``ROW_SUM`` and one row, ``acc1`` summed over K) plus the bias, stored."""
+    if ROW_SUM:
+        if BLOCK_M == 1:
+            acc = tl.sum(acc1, axis=0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    dst = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
 def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_q,
                  stride_z, stride_s, stride_om, GROUP: tl.constexpr, BITS: tl.constexpr,
                  HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -160,10 +186,8 @@ def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, st
             acc = tl.dot(x, w, acc, input_precision="ieee")
         else:
             acc = tl.dot(x, w.to(x.dtype), acc)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    dst = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    store_tile(acc, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
+               BLOCK_M, False)  # fmt: skip
 
 
 @triton.jit
@@ -184,19 +208,9 @@ def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, st
         mask_k = k < K
         w = _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
                           stride_q, stride_z, stride_s, GROUP, BITS, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
-        if BLOCK_M == 1:
-            xf = tl.load(x_ptr + k, mask=mask_k, other=0.0).to(tl.float32)
-            acc1 += w * xf[:, None]
-        else:
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :],
-                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
-            acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
-    if BLOCK_M == 1:
-        acc = tl.sum(acc1, axis=0)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+        acc1, acc = gemv_step(acc1, acc, w, x_ptr, k, mask_k, offs_m, mask_m, stride_xm, BLOCK_M)
+    store_tile(acc1, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
+               BLOCK_M, True)  # fmt: skip
 
 
 def _fit_block_k(block_k: int, k: int, group: int) -> int:

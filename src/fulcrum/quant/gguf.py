@@ -1,8 +1,13 @@
 """GGUF weights kept packed (``quantization="gguf"``): each projection's blocks are repacked
-once at load into the layout of the W4A16 kernels (``kernels/w4a16.py``) instead of being
-dequantized to full precision.
+once at load into a kernel's layout instead of being dequantized to full precision.
 
-llama.cpp's blocks map onto ``w = (q - zero) * scale (+ min)`` per group of 32 input rows::
+The loader hands a layer each shard's raw blocks (:class:`GgufBlocks`, one per GGUF tensor of
+a fused projection). Files mix types within a layer (a Q4_K_M file keeps ``attn_v`` in Q6_K
+beside Q4_K ``attn_q``/``attn_k``), so a layer holds one *part* per run of output columns of
+one type, each with its own kernels; a layer of one type (most) has one part.
+
+llama.cpp's small blocks map onto ``w4a16.py``'s ``w = (q - zero) * scale (+ min)`` per group
+of 32 input rows::
 
     Q4_0  d fp16, 16 bytes: values j and j + 16 in the low and high nibble of byte j
           w = (q - 8) * d                  -> 4 bits, zero 8, scale d
@@ -11,33 +16,47 @@ llama.cpp's blocks map onto ``w = (q - zero) * scale (+ min)`` per group of 32 i
     Q8_0  d fp16, 32 int8                  -> 8 bits, q + 128, zero 128, scale d
           w = q * d
 
-The products are those of ``gguf``'s own dequantizer, in the same order, so the packed layer's
-weights equal its output exactly. The K-quants (Q4_K, Q5_K, Q6_K) are not repacked: a file
-holding them in a projection loads with the default (dequantized) path.
+and the K-quants (Q4_K, Q5_K, Q6_K) onto ``kquant.py``'s super-blocks (``gguf_kquant.py``).
+The products are those of ``gguf``'s own dequantizer, in the same order, so a packed layer's
+weights equal its output exactly.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from fulcrum.kernels.w4a16 import pack_rows
+from fulcrum.kernels import GEMV_MAX_M, kquant, w4a16
+from fulcrum.kernels.dispatch import Configured, use_triton
 from fulcrum.quant.base import QuantMethod, register_quant_method
-from fulcrum.quant.int4 import IntLinear
-from fulcrum.quant.int_format import IntWeightFormat
+from fulcrum.quant.gguf_kquant import BYTES as K_BYTES
+from fulcrum.quant.gguf_kquant import repack_k_blocks
 
 BLOCK = 32
-PACKED_TYPES = ("Q4_0", "Q4_1", "Q8_0")
-LEAVES = ("qweight", "zeros", "scales", "mins")
+SMALL_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+PACKED_TYPES = SMALL_TYPES + tuple(K_BYTES)
+
+
+@dataclass
+class GgufBlocks:
+    """One GGUF tensor's blocks as the file holds them: ``data uint8 [n, bytes per row]``,
+    ``n`` output rows of ``k`` inputs."""
+
+    type_name: str
+    data: np.ndarray
+    n: int
+    k: int
 
 
 def repack_blocks(data: np.ndarray, type_name: str, n: int, k: int) -> dict[str, torch.Tensor]:
-    """One tensor's raw blocks (``uint8 [n, bytes per row]``, ``n`` output rows of ``k``) ->
-    ``qweight [k / P, n]``, ``zeros``, ``scales``, ``mins`` ``[k / 32, n]``."""
-    if type_name not in PACKED_TYPES:
+    """Q4_0/Q4_1/Q8_0 blocks (``uint8 [n, bytes per row]``) -> ``w4a16``'s ``qweight
+    [k / P, n]``, ``zeros``, ``scales``, ``mins`` ``[k / 32, n]``."""
+    if type_name not in SMALL_TYPES:
         raise ValueError(f"type {type_name}; packed GGUF supports {', '.join(PACKED_TYPES)}")
     g = k // BLOCK
     raw = torch.from_numpy(np.array(data, copy=True).reshape(n, g, -1))  # the file is read-only
@@ -55,35 +74,73 @@ def repack_blocks(data: np.ndarray, type_name: str, n: int, k: int) -> dict[str,
         bits, zero = 4, 0 if type_name == "Q4_1" else 8
     q = q.reshape(n, k)
     return {
-        "qweight": pack_rows(q.t().contiguous(), bits),
+        "qweight": w4a16.pack_rows(q.t().contiguous(), bits),
         "zeros": torch.full((g, n), zero, dtype=torch.uint8),
         "scales": d.t().contiguous(),
         "mins": mins.t().contiguous(),
     }
 
 
-class GgufLinear(IntLinear):
-    """A projection over repacked GGUF blocks. Its tensors arrive already in the kernels'
-    layout, one shard per fused projection; their bit width (4 for Q4_0/Q4_1, 8 for Q8_0)
-    is the file's, so the first shard sizes them."""
+class _SmallPart(nn.Module):
+    """Columns of one Q4_0/Q4_1/Q8_0 run, for ``w4a16``'s kernels."""
+
+    def __init__(self, blocks: GgufBlocks) -> None:
+        super().__init__()
+        t = repack_blocks(blocks.data, blocks.type_name, blocks.n, blocks.k)
+        self.type_name = blocks.type_name
+        self.bits = 8 if blocks.type_name == "Q8_0" else 4
+        for name in ("qweight", "zeros", "scales"):
+            setattr(self, name, nn.Parameter(t[name], requires_grad=False))
+        has_min = blocks.type_name == "Q4_1"  # Q4_0 and Q8_0 have none: no bytes, no add
+        self.mins = nn.Parameter(t["mins"], requires_grad=False) if has_min else None
+
+    def dequantized(self) -> torch.Tensor:
+        return w4a16.dequantize_t(
+            self.qweight, self.zeros, self.scales, BLOCK, self.bits, self.mins
+        )
+
+    def run(self, x: torch.Tensor, bias: torch.Tensor | None, few: bool) -> torch.Tensor:
+        fn = w4a16.gemv if few else w4a16.gemm
+        return fn(x, self.qweight, self.zeros, self.scales, bias, BLOCK, self.bits, mins=self.mins)
+
+
+class _KPart(nn.Module):
+    """Columns of one Q4_K/Q5_K/Q6_K run, for ``kquant``'s kernels."""
+
+    def __init__(self, blocks: GgufBlocks) -> None:
+        super().__init__()
+        w = repack_k_blocks(blocks.data, blocks.type_name, blocks.n, blocks.k)
+        self.type_name = blocks.type_name
+        self._names = [f for f, t in zip(w._fields[1:], w[1:], strict=True) if t is not None]
+        for f in self._names:
+            setattr(self, f, nn.Parameter(getattr(w, f), requires_grad=False))
+
+    def packed(self) -> kquant.KPacked:
+        return kquant.KPacked(
+            self.type_name, *(getattr(self, f, None) for f in kquant.KPacked._fields[1:])
+        )
+
+    def dequantized(self) -> torch.Tensor:
+        return kquant.dequantize(self.packed()).t()
+
+    def run(self, x: torch.Tensor, bias: torch.Tensor | None, few: bool) -> torch.Tensor:
+        return (kquant.gemv if few else kquant.gemm)(x, self.packed(), bias)
+
+
+class GgufLinear(Configured, nn.Module):
+    """``nn.Linear`` over a GGUF file's blocks, one part per run of output columns of one
+    type. Before ``finish_loading`` it holds only the shards' raw blocks."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
-        nn.Module.__init__(self)
+        super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.fmt = IntWeightFormat("gguf", bits=4, group_size=BLOCK, sym=False)
-        self.group = BLOCK
         self.layer_name = "linear layer"
-        self.packed = False
-        g = max(1, in_features // BLOCK)
-        self.qweight = nn.Parameter(
-            torch.zeros(in_features // 8, out_features, dtype=torch.int32), requires_grad=False
-        )
-        self.zeros = nn.Parameter(torch.zeros(g, out_features, dtype=torch.uint8), False)
-        self.scales = nn.Parameter(torch.zeros(g, out_features, dtype=torch.float16), False)
-        self.mins = nn.Parameter(torch.zeros(g, out_features, dtype=torch.float16), False)
+        # the name the loader's shards arrive under: one per GGUF tensor
+        self.blocks = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        self.register_buffer("perm", None, persistent=False)
-        self._rows: dict[str, int] = {}
+        self.parts = nn.ModuleList()
+        self.packed = False
+        self._shards: dict[int, GgufBlocks] = {}
 
     def check_format(self, name: str) -> None:
         self.layer_name = name
@@ -91,36 +148,71 @@ class GgufLinear(IntLinear):
             raise ValueError(f"{name}: GGUF blocks of {BLOCK} do not divide the layer's "
                              f"{self.in_features} input features.")  # fmt: skip
 
-    def load_packed(self, leaf: str, tensor: torch.Tensor, offset: tuple[int, int] | None) -> bool:
-        if leaf not in LEAVES or self.packed:
+    def load_packed(self, leaf: str, blocks: Any, offset: tuple[int, int] | None) -> bool:
+        if leaf != "blocks" or self.packed:
             return False
-        p: nn.Parameter = getattr(self, leaf)
-        rows = self._rows.setdefault(leaf, tensor.shape[0])
-        if rows != tensor.shape[0]:
-            raise ValueError(f"{self.layer_name}: the fused projections' GGUF types differ "
-                             f"({leaf} of {tensor.shape[0]} rows, then {rows}).")  # fmt: skip
-        if tuple(p.shape) != (rows, self.out_features) or p.dtype != tensor.dtype:  # 8 bits
-            p.data = torch.zeros(rows, self.out_features, dtype=tensor.dtype, device=p.device)
         start, size = offset if offset is not None else (0, self.out_features)
-        dst = p.data.narrow(1, start, size)
-        if tuple(dst.shape) != tuple(tensor.shape):
-            raise ValueError(f"{self.layer_name}.{leaf}: GGUF tensor of shape "
-                             f"{tuple(tensor.shape)}, expected {tuple(dst.shape)}.")  # fmt: skip
-        dst.copy_(tensor)
+        if not isinstance(blocks, GgufBlocks) or (blocks.n, blocks.k) != (size, self.in_features):
+            shape = (blocks.n, blocks.k) if isinstance(blocks, GgufBlocks) else type(blocks)
+            raise ValueError(f"{self.layer_name}: GGUF tensor of shape {shape}, expected "
+                             f"{(size, self.in_features)}.")  # fmt: skip
+        self._shards[start] = blocks
         return True
 
     def finish_loading(self) -> None:
+        """Merge adjacent shards of one type and repack each run, once."""
         if self.packed:
             return
-        bits = 32 * self.qweight.shape[0] // self.in_features
-        self.fmt = IntWeightFormat("gguf", bits=bits, group_size=BLOCK, sym=False)
-        if not bool(self.mins.any()):  # Q4_0 and Q8_0 have none: no bytes, no add
-            self.mins = None
+        runs: list[list[GgufBlocks]] = []
+        end = 0
+        for start in sorted(self._shards):
+            s = self._shards[start]
+            if start != end:
+                raise ValueError(f"{self.layer_name}: GGUF shards leave output features "
+                                 f"{end}..{start} empty.")  # fmt: skip
+            if runs and runs[-1][0].type_name == s.type_name:
+                runs[-1].append(s)
+            else:
+                runs.append([s])
+            end = start + s.n
+        if end != self.out_features:
+            raise ValueError(f"{self.layer_name}: GGUF shards fill {end} of {self.out_features} "
+                             "output features.")  # fmt: skip
+        dev = self.blocks.device
+        for run in runs:
+            t = run[0].type_name
+            data = np.concatenate([np.asarray(s.data) for s in run])  # rows are independent
+            merged = GgufBlocks(t, data, sum(s.n for s in run), self.in_features)
+            self.parts.append((_KPart if t in K_BYTES else _SmallPart)(merged).to(dev))
+        del self.blocks
+        self._shards.clear()
         self.packed = True
 
+    def dequantized_weight(self) -> torch.Tensor:
+        """``[out, in]`` fp32 (tests, the CPU path)."""
+        if len(self.parts) == 1:  # no copy: the CPU path builds this on every call
+            return self.parts[0].dequantized()
+        return torch.cat([p.dequantized() for p in self.parts])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.packed:
+            raise RuntimeError(f"{self.layer_name}: called before finish_loading()")
+        x2 = x.reshape(-1, self.in_features)
+        kc = self.kernel_config
+        if not use_triton(x2, kc):
+            y = F.linear(x2, self.dequantized_weight().to(x.dtype), self.bias)
+        else:
+            few = x2.shape[0] <= min(kc.gemv.max_m, GEMV_MAX_M)
+            if len(self.parts) == 1:
+                y = self.parts[0].run(x2, self.bias, few)
+            else:
+                y = torch.cat([p.run(x2, None, few) for p in self.parts], dim=-1)
+                y = y if self.bias is None else y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"gguf int{self.fmt.bits} blocks of {BLOCK}")  # fmt: skip
+        kinds = "+".join(p.type_name for p in self.parts) or "unloaded"
+        return f"in_features={self.in_features}, out_features={self.out_features}, gguf {kinds}"
 
 
 @register_quant_method("gguf")

@@ -136,13 +136,13 @@ def convert_gguf(path: str) -> str:
 
 
 def iter_gguf_packed(path: str, hf_config, converted):
-    """(name, tensor) for ``quantization="gguf"``: each projection's blocks repacked for the
-    W4A16 kernels (``quant/gguf.py``: ``<proj>.qweight``, ``.zeros``, ``.scales``, ``.mins``,
-    output features along columns), then every other tensor of ``converted`` (the converted
-    directory's (name, tensor) pairs)."""
+    """(name, value) for ``quantization="gguf"``: each projection's raw blocks as
+    ``<proj>.blocks`` (``quant/gguf.py``'s ``GgufBlocks``, repacked by the layer once all its
+    shards are in), then every other tensor of ``converted`` (the converted directory's
+    (name, tensor) pairs)."""
     import gguf
 
-    from fulcrum.quant.gguf import repack_blocks
+    from fulcrum.quant.gguf import PACKED_TYPES, GgufBlocks
 
     arch = hf_config.model_type
     n_head = hf_config.num_attention_heads
@@ -152,20 +152,19 @@ def iter_gguf_packed(path: str, hf_config, converted):
         name = _hf_name(t.name)
         if name is None or not name.endswith("_proj.weight"):
             continue
-        k, n = (int(v) for v in t.shape[:2])
-        try:
-            tensors = repack_blocks(t.data, t.tensor_type.name, n, k)
-        except ValueError as e:
+        type_name = t.tensor_type.name
+        if type_name not in PACKED_TYPES:
             raise ValueError(
-                f"quantization: GGUF tensor {t.name!r} ({name}) has {e}; load it with "
-                "quantization none (dequantized at load)."
-            ) from None
+                f"quantization: GGUF tensor {t.name!r} ({name}) has type {type_name}; packed "
+                f"GGUF supports {', '.join(PACKED_TYPES)}; load it with quantization none "
+                "(dequantized at load)."
+            )
+        k, n = (int(v) for v in t.shape[:2])
+        data = np.asarray(t.data).reshape(n, -1)  # one output row's blocks a row
         heads = {"q_proj": n_head, "k_proj": n_kv}.get(name.split(".")[-2])
-        prefix = name.removesuffix(".weight")
-        for leaf, v in tensors.items():
-            if arch == "llama" and heads is not None:  # output features are columns here
-                v = _unpermute(v.t(), heads).t().contiguous()
-            yield f"{prefix}.{leaf}", v
+        if arch == "llama" and heads is not None:  # llama.cpp's rotary row order, undone
+            data = _unpermute(data, heads)
+        yield name.removesuffix(".weight") + ".blocks", GgufBlocks(type_name, data, n, k)
         packed.add(name)
     for name, tensor in converted:
         if name not in packed:
