@@ -88,7 +88,7 @@ def test_unsupported_type_is_named(tmp_path) -> None:
     cfg = types.SimpleNamespace(model_type="llama", num_attention_heads=4, num_key_value_heads=2)
     with pytest.raises(ValueError, match=r"'blk.1.ffn_up.weight' \(model.layers.1.mlp.up_proj."
                        r"weight\) has type Q5_0; packed GGUF supports Q4_0, Q4_1, Q8_0, Q4_K"):  # fmt: skip
-        list(iter_gguf_packed(path, cfg, []))
+        list(iter_gguf_packed(path, cfg))
 
 
 def test_missing_or_misshapen_shards_are_named() -> None:
@@ -111,3 +111,18 @@ def test_missing_or_misshapen_shards_are_named() -> None:
         32,
         256,
     )
+
+
+def test_packed_load_writes_no_dequantized_copy(tmp_path, monkeypatch) -> None:
+    """A packed load reads the file itself: the cache gets config and tokenizer, not the float32
+    weights (32 GB for an 8B model); a dequantized load writes them once."""
+    from gguf_kquant_writer import write_tiny_llama
+
+    monkeypatch.setenv("FULCRUM_CACHE_DIR", str(tmp_path / "cache"))
+    path = str(tmp_path / "tiny.gguf")
+    write_tiny_llama(path, TYPES, seed=1)
+    LLM(path, device="cpu", quantization="gguf", max_model_len=64)
+    (cache,) = (tmp_path / "cache" / "gguf").iterdir()
+    assert (cache / "config.json").is_file() and not (cache / "model.safetensors").exists()
+    LLM(path, device="cpu", max_model_len=64)
+    assert (cache / "model.safetensors").is_file()

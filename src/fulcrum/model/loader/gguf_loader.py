@@ -1,8 +1,11 @@
 """GGUF → Hugging Face directory conversion, cached on disk so the second load is fast.
 
-The tensors are dequantized to float32 with the ``gguf`` package; llama.cpp's Q/K row
-permutation (its rotary layout) is undone; config and tokenizer (with the chat template) are
-read from the file's metadata through transformers and saved beside the weights.
+Config and tokenizer (with the chat template) are read from the file's metadata through
+transformers and saved first (``gguf_metadata_dir``); the weights, dequantized to float32 with
+the ``gguf`` package and llama.cpp's Q/K row permutation (its rotary layout) undone, are written
+beside them only when a load needs them dequantized (``convert_gguf``). A packed load
+(``quantization="gguf"``) reads the file itself and never writes the float32 copy, which for an
+8B model would be 32 GB.
 """
 
 from __future__ import annotations
@@ -71,8 +74,9 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def read_gguf_tensors(path: str, arch: str, n_head: int, n_kv_head: int):
-    """Yield (hf_name, float32 tensor) for every tensor of the file."""
+def read_gguf_tensors(path: str, arch: str, n_head: int, n_kv_head: int, skip=None):
+    """Yield (hf_name, float32 tensor) for every tensor of the file (but those whose name
+    ``skip(hf_name)`` is true, which are not dequantized)."""
     import gguf
     from tqdm.auto import tqdm
 
@@ -83,6 +87,8 @@ def read_gguf_tensors(path: str, arch: str, n_head: int, n_kv_head: int):
             if t.name.startswith("rope_freqs"):
                 continue
             raise ValueError(f"model: GGUF tensor {t.name!r} is not supported.")
+        if skip is not None and skip(name):
+            continue
         w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             w = _unpermute(w, n_head)
@@ -91,16 +97,16 @@ def read_gguf_tensors(path: str, arch: str, n_head: int, n_kv_head: int):
         yield name, torch.from_numpy(np.ascontiguousarray(w))
 
 
-def convert_gguf(path: str) -> str:
-    """Return a directory holding config.json, model.safetensors and the tokenizer for ``path``."""
+_META_MARK, _WEIGHTS_MARK = "fulcrum_metadata.json", "fulcrum_converted.json"
+
+
+def gguf_metadata_dir(path: str) -> str:
+    """A directory holding config.json and the tokenizer of ``path`` (no weights yet)."""
     out = _cache_dir_for(path)
-    if os.path.isfile(os.path.join(out, "fulcrum_converted.json")):
+    if any(os.path.isfile(os.path.join(out, m)) for m in (_META_MARK, _WEIGHTS_MARK)):
         return out
-    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoTokenizer
 
-    t0 = time.perf_counter()
-    logger.info("Converting %s once into %s (cached for the next load)", path, out)
     d, f = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
     try:
         config = AutoConfig.from_pretrained(d, gguf_file=f)
@@ -113,42 +119,68 @@ def convert_gguf(path: str) -> str:
     config.architectures = [_ARCHS[arch]]
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    n_kv = config.num_key_value_heads or config.num_attention_heads
-    tensors = dict(read_gguf_tensors(path, arch, config.num_attention_heads, n_kv))
-    if "lm_head.weight" not in tensors:
-        config.tie_word_embeddings = True
+    config.tie_word_embeddings = not any(t.name == "output.weight" for t in _reader(path).tensors)
     os.makedirs(cache_root(), exist_ok=True)
     tmp = tempfile.mkdtemp(dir=cache_root(), prefix=".tmp-")
     try:
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        save_file(tensors, os.path.join(tmp, "model.safetensors"))
-        with open(os.path.join(tmp, "fulcrum_converted.json"), "w") as fh:
-            json.dump({"source": os.path.abspath(path), "seconds": time.perf_counter() - t0}, fh)
+        with open(os.path.join(tmp, _META_MARK), "w") as fh:
+            json.dump({"source": os.path.abspath(path)}, fh)
         if os.path.isdir(out):
             shutil.rmtree(out)
         os.replace(tmp, out)
     finally:
         if os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _reader(path: str):
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
+def convert_gguf(path: str) -> str:
+    """Return a directory holding config.json, model.safetensors and the tokenizer for ``path``."""
+    out = gguf_metadata_dir(path)
+    if os.path.isfile(os.path.join(out, _WEIGHTS_MARK)):
+        return out
+    from safetensors.torch import save_file
+
+    t0 = time.perf_counter()
+    logger.info("Converting %s once into %s (cached for the next load)", path, out)
+    with open(os.path.join(out, "config.json")) as fh:
+        c = json.load(fh)
+    n_head = c["num_attention_heads"]
+    n_kv = c.get("num_key_value_heads") or n_head
+    tensors = dict(read_gguf_tensors(path, c["model_type"], n_head, n_kv))
+    tmp = os.path.join(out, f".model-{os.getpid()}.safetensors")
+    try:
+        save_file(tensors, tmp)
+        os.replace(tmp, os.path.join(out, "model.safetensors"))
+    finally:
+        if os.path.isfile(tmp):
+            os.remove(tmp)
+    with open(os.path.join(out, _WEIGHTS_MARK), "w") as fh:
+        json.dump({"source": os.path.abspath(path), "seconds": time.perf_counter() - t0}, fh)
     logger.info("GGUF conversion took %.1f s", time.perf_counter() - t0)
     return out
 
 
-def iter_gguf_packed(path: str, hf_config, converted):
+def iter_gguf_packed(path: str, hf_config):
     """(name, value) for ``quantization="gguf"``: each projection's raw blocks as
     ``<proj>.blocks`` (``quant/gguf.py``'s ``GgufBlocks``, repacked by the layer once all its
-    shards are in), then every other tensor of ``converted`` (the converted directory's
-    (name, tensor) pairs)."""
-    import gguf
-
+    shards are in), then every other tensor of the file dequantized (embeddings, norms, the LM
+    head): no float32 copy of the projections is made."""
     from fulcrum.quant.gguf import PACKED_TYPES, GgufBlocks
 
     arch = hf_config.model_type
     n_head = hf_config.num_attention_heads
     n_kv = getattr(hf_config, "num_key_value_heads", None) or n_head
     packed: set[str] = set()
-    for t in gguf.GGUFReader(path).tensors:
+    for t in _reader(path).tensors:
         name = _hf_name(t.name)
         if name is None or not name.endswith("_proj.weight"):
             continue
@@ -166,6 +198,4 @@ def iter_gguf_packed(path: str, hf_config, converted):
             data = _unpermute(data, heads)
         yield name.removesuffix(".weight") + ".blocks", GgufBlocks(type_name, data, n, k)
         packed.add(name)
-    for name, tensor in converted:
-        if name not in packed:
-            yield name, tensor
+    yield from read_gguf_tensors(path, arch, n_head, n_kv, skip=packed.__contains__)

@@ -91,10 +91,10 @@ def resolve_model_config(
     elif model.endswith(".gguf") or load_format == "gguf":
         if not os.path.isfile(model):
             raise ValueError(f"model: GGUF file {model!r} does not exist.")
-        from fulcrum.model.loader.gguf_loader import convert_gguf
+        from fulcrum.model.loader.gguf_loader import gguf_metadata_dir
 
         load_format = "gguf"
-        weights_path = convert_gguf(model)
+        weights_path = gguf_metadata_dir(model)  # config and tokenizer; weights at load
         tok = tokenizer or weights_path
         hf_config = _load_hf_config(os.path.join(weights_path, "config.json"))
     else:

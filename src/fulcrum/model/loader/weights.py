@@ -132,11 +132,15 @@ def load_model(
     if mc.load_format == "dummy":
         _init_dummy(model, mc.seed)
     else:
-        weights = iter_safetensors(mc.weights_path, _tp_shard(mc))
-        if mc.quantization == "gguf":  # the projections' blocks from the file, kept packed
-            from fulcrum.model.loader.gguf_loader import iter_gguf_packed
+        if mc.load_format == "gguf":
+            from fulcrum.model.loader import gguf_loader
 
-            weights = iter_gguf_packed(mc.model, mc.hf_config, weights)
+            if mc.quantization == "gguf":  # the projections' blocks from the file, kept packed
+                weights = gguf_loader.iter_gguf_packed(mc.model, mc.hf_config)
+            else:  # dequantized once into the cache directory
+                weights = iter_safetensors(gguf_loader.convert_gguf(mc.model))
+        else:
+            weights = iter_safetensors(mc.weights_path, _tp_shard(mc))
         loaded = model.load_weights(weights)
         expected = model.expected_weight_count()
         if len(loaded) != expected:
