@@ -4,7 +4,8 @@ p50/p95, throughput), and the router's overhead with one worker (direct vs route
 
 CPU, embedded model, small sizes (a few minutes):
     python benchmarks/router_bench.py --workers 3 --groups 6 --requests 96 --concurrency 8 \
-        --serve-args "--max-model-len 1024 --kv-cache-memory 0.5" --overhead-requests 200
+        --serve-args "--max-model-len 1024 --kv-cache-memory 0.5" --overhead-requests 200 \
+        --single-serve-args "--max-model-len 1024 --kv-cache-memory 1.5"
 H200 (one GPU per worker would need CUDA_VISIBLE_DEVICES per worker; on one GPU run small
 --gpu-memory-utilization per worker):
     python benchmarks/router_bench.py --workers 3 --groups 32 --requests 2000 --concurrency 64 \
@@ -119,6 +120,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8, help="Requests in flight.")
     ap.add_argument("--max-tokens", type=int, default=8, help="Output tokens per request.")
     ap.add_argument("--policies", default="cache_aware,round_robin,least_load", help="Comma list.")
+    ap.add_argument(
+        "--single-serve-args",
+        default=None,
+        help="Also drive the same traffic straight at one worker started with these flags (give "
+        "it the KV memory of all the workers together): the hit rate routing aims for.",
+    )
     ap.add_argument("--overhead-requests", type=int, default=0, help="0 skips the overhead run.")
     ap.add_argument(
         "--overhead-concurrency", type=int, default=100, help="Overhead run's concurrency."
@@ -147,6 +154,19 @@ def main() -> None:
                 print(policy, json.dumps(r), flush=True)
             finally:
                 router.stop()
+        if args.single_serve_args is not None:
+            d = os.path.join(tmp, "single")
+            os.makedirs(d)
+            big = start_server(d, *shlex.split(args.single_serve_args))
+            try:
+                texts = prompts(args.requests, args.groups, args.prefix_words, "single")
+                r = asyncio.run(drive(big.base_url, texts, args.concurrency, args.max_tokens))
+                q, h = cache_counts([big])
+                r["worker_hit_rate"] = h / q if q else 0.0
+                results["single_worker"] = r
+                print("single_worker", json.dumps(r), flush=True)
+            finally:
+                stop_server(big)
         if args.overhead_requests:
             texts = prompts(args.overhead_requests, args.overhead_requests, 8, "overhead")
             direct = asyncio.run(drive(urls[0], texts, args.overhead_concurrency, args.max_tokens))
