@@ -140,6 +140,19 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
     return path
 
 
+def edited_copy(src: str, dst, **fields) -> str:
+    """A copy of the model directory ``src`` at ``dst`` (a Path) with ``fields`` set in its
+    config.json (weights unchanged)."""
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(fields)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return str(dst)
+
+
 def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Reference: transformers' greedy generate, one prompt at a time, float32 on CPU."""
     from transformers import AutoModelForCausalLM
