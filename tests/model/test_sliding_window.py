@@ -204,3 +204,23 @@ def test_layer_windows_read_from_configs():
             ),
             64,
         )
+
+
+def test_triton_kernels_and_piecewise_graphs_apply_the_window(windowed, prompts, reference):
+    """The Triton backend (interpreted) over tables whose early blocks were released and handed
+    to the other request, eager and through the piecewise segment graphs (attention between
+    segments goes through each layer's windowed backend), equals transformers."""
+    from fulcrum.worker import startup
+
+    kw = dict(dtype="float32", device="cpu", block_size=BS, attention_backend="triton")
+    sp = SamplingParams(temperature=0, max_tokens=20)
+    want = [r[:20] for r in reference[1:]]
+    eager = LLM(windowed, **kw)
+    assert [o.outputs[0].token_ids for o in eager.generate(prompts[1:], sp, use_tqdm=False)] == want
+    llm = LLM(windowed, max_num_batched_tokens=40, piecewise_graph_max_tokens=40, **kw)
+    startup.capture_piecewise(llm.core.runner, emulate=True)
+    assert llm.core.runner.piecewise is not None
+    outs = llm.generate(prompts[1:], sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert llm.core.runner.piecewise.num_replays > 0
+    llm.core.scheduler.kv.check_integrity()
