@@ -11,7 +11,7 @@ import pytest
 from fulcrum import LLM, SamplingParams
 from fulcrum.kv_cache.sliding_window import kv_free_window, layer_windows
 from fulcrum.model.loader.hf_config import HFConfig
-from model_factory import edited_copy, hf_greedy
+from model_factory import edited_copy, generate_watching, hf_greedy
 
 WINDOW, BS = 12, 4
 
@@ -35,34 +35,6 @@ def reference(windowed, prompts) -> list[list[int]]:
     return hf_greedy(windowed, prompts, 48)
 
 
-def _generate_watching(llm: LLM, prompts, max_tokens: int):
-    """Generate greedily, checking the cache's integrity after every step; returns the outputs
-    and, over the steps where every running request decodes (a prefill chunk holds blocks for
-    all its tokens), the most blocks one request held and the most in use (neither free nor
-    evictable) at once."""
-    core, peak = llm.core, {"held": 0, "used": 0}
-    step = core.step
-
-    def watched():
-        out = step()
-        kv, running = core.scheduler.kv, core.scheduler.running
-        kv.check_integrity()
-        if all(r.num_computed_tokens > r.num_prompt_tokens for r in running):
-            for r in running:
-                peak["held"] = max(peak["held"], kv.num_held(r.key))
-            peak["used"] = max(peak["used"], kv.num_blocks - kv.num_available)
-        return out
-
-    core.step = watched
-    try:
-        outs = llm.generate(
-            prompts, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False
-        )
-    finally:
-        del core.step
-    return [o.outputs[0].token_ids for o in outs], peak
-
-
 # Slack over window / block_size: the block holding the window's first key, the block being
 # written, and one more scheduled while the previous step is in flight.
 BOUND = WINDOW // BS + 3
@@ -82,14 +54,14 @@ def test_long_generation_frees_blocks_and_matches_hf(windowed, prompts, referenc
     assert llm.core.scheduler.kv.sliding_window == WINDOW
     # one request at a time: its own footprint, prompt and 48 generated tokens
     for p, ref in zip(prompts, reference, strict=True):
-        toks, peak = _generate_watching(llm, [p], 48)
+        toks, peak = generate_watching(llm, [p], 48)
         assert toks == [ref]
         assert peak["held"] <= BOUND, peak
     # with caching, the prompt blocks stay pinned until the request holds none of them
     pinned = len(prompts[-1]) // BS if llm.core.scheduler.kv.tree is not None else 0
     assert peak["used"] <= BOUND + pinned, peak
     # together: each request keeps its own bound, and the pool stays far below the full length
-    toks, peak = _generate_watching(llm, prompts, 48)
+    toks, peak = generate_watching(llm, prompts, 48)
     assert toks == reference
     assert peak["held"] <= BOUND
     full = sum(-(-(len(p) + 48) // BS) for p in prompts)
@@ -102,7 +74,7 @@ def test_prefix_hits_stay_exact(windowed, prompts, reference):
     """A second pass reuses every prompt's cached blocks (prompts longer than the window too)
     and still equals transformers; preemption under a small pool recomputes exactly."""
     llm = LLM(windowed, dtype="float32", device="cpu", block_size=BS)
-    assert _generate_watching(llm, prompts, 48)[0] == reference
+    assert generate_watching(llm, prompts, 48)[0] == reference
     again = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in again] == reference
     assert [o.num_cached_tokens for o in again] == [(len(p) - 1) // BS * BS for p in prompts]
@@ -114,7 +86,7 @@ def test_prefix_hits_stay_exact(windowed, prompts, reference):
     )[0]
     assert [c.token_ids for c in n2.outputs] == [reference[2]] * 2
     small = LLM(windowed, dtype="float32", device="cpu", block_size=BS, num_kv_blocks=24)
-    toks, _ = _generate_watching(small, prompts + prompts, 48)
+    toks, _ = generate_watching(small, prompts + prompts, 48)
     assert toks == reference + reference
     assert small.stats()["num_preemptions_total"] > 0
 
