@@ -196,3 +196,28 @@ def test_triton_kernels_and_piecewise_graphs_apply_the_window(windowed, prompts,
     assert [o.outputs[0].token_ids for o in outs] == want
     assert llm.core.runner.piecewise.num_replays > 0
     llm.core.scheduler.kv.check_integrity()
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_self"])
+def test_speculation_over_released_blocks_is_lossless(windowed, prompts, reference, method):
+    """Guesses verified over a window whose early blocks are gone, rejected ones rolled back
+    (never behind a released block); a draft model that is the windowed target itself reads
+    the same tables, so blocks are still released."""
+    from spec_helpers import draft_spec
+
+    spec = (
+        {
+            "method": "ngram",
+            "num_speculative_tokens": 4,
+            "prompt_lookup_max": 3,
+            "prompt_lookup_min": 1,
+        }
+        if method == "ngram"
+        else draft_spec(windowed)
+    )
+    llm = LLM(windowed, dtype="float32", device="cpu", block_size=BS, speculative_config=spec)
+    assert llm.core.scheduler.kv.sliding_window == WINDOW
+    toks, peak = generate_watching(llm, prompts, 48)
+    assert toks == reference
+    assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
+    assert peak["held"] <= BOUND + 1  # plus the guesses' block
