@@ -140,6 +140,19 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
     return path
 
 
+def edited_copy(src: str, dst, **fields) -> str:
+    """A copy of the model directory ``src`` at ``dst`` (a Path) with ``fields`` set in its
+    config.json (weights unchanged)."""
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(fields)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return str(dst)
+
+
 def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Reference: transformers' greedy generate, one prompt at a time, float32 on CPU."""
     from transformers import AutoModelForCausalLM
@@ -158,6 +171,35 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> 
             )
         outs.append(out[0, len(p) :].tolist())
     return outs
+
+
+def generate_watching(llm, prompts, max_tokens: int, ignore_eos: bool = False):
+    """Generate greedily, checking the cache's integrity after every step; returns the outputs
+    and, over the steps where every running request decodes (a prefill chunk holds blocks for
+    all its tokens), the most blocks one request held and the most in use (neither free nor
+    evictable) at once."""
+    from fulcrum import SamplingParams
+
+    core, peak = llm.core, {"held": 0, "used": 0}
+    step = core.step
+
+    def watched():
+        out = step()
+        kv, running = core.scheduler.kv, core.scheduler.running
+        kv.check_integrity()
+        if all(r.num_computed_tokens > r.num_prompt_tokens for r in running):
+            for r in running:
+                peak["held"] = max(peak["held"], kv.num_held(r.key))
+            peak["used"] = max(peak["used"], kv.num_blocks - kv.num_available)
+        return out
+
+    core.step = watched
+    try:
+        sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+    finally:
+        del core.step
+    return [o.outputs[0].token_ids for o in outs], peak
 
 
 def assert_first_divergence_in_top(ours, our_top, ref, ref_top, what: str) -> None:

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from fulcrum import LLM, SamplingParams
+from model_factory import edited_copy
 
 
 @pytest.mark.parametrize(
@@ -85,25 +86,24 @@ def test_unknown_llm_argument():
         LLM(max_num_seq=4)
 
 
-def _edited(src: str, dst, **fields) -> str:
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg.update(fields)
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return str(dst)
+
 
 
 @pytest.mark.parametrize(
     "arch, fields, field",
     [
-        ("qwen3", dict(use_sliding_window=True, sliding_window=16), "use_sliding_window"),
-        ("mistral", dict(sliding_window=32), "sliding_window"),
+        ("mistral", dict(layer_types=["chunked_attention"] * 2), "layer_types"),
+        (
+            "qwen3",
+            dict(use_sliding_window=True, sliding_window=-4, max_window_layers=0, layer_types=None),
+            "sliding_window",
+        ),
         ("llama", dict(rope_parameters={"rope_type": "nonsense", "rope_theta": 1e4}), "rope_"),
         ("phi3", dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
         ("qwen3_moe", dict(mlp_only_layers=[1]), "mlp_only_layers"),
     ],
 )
 def test_unhandled_config_fields_fail_at_load(tiny_models, tmp_path, arch, fields, field):
-    d = _edited(tiny_models[arch], tmp_path / arch, **fields)
+    d = edited_copy(tiny_models[arch], tmp_path / arch, **fields)
     with pytest.raises(ValueError, match=field):
         LLM(d, device="cpu", max_model_len=64)

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from fulcrum.model.gemma import FULL, SLIDING, GemmaArgs, _rope_params, _RopeView
+from fulcrum.kv_cache.sliding_window import FULL, SLIDING
+from fulcrum.model.gemma import GemmaArgs, _rope_params, _RopeView
 from fulcrum.model.layers.rotary import compute_inv_freq
 from fulcrum.model.llama import ModelArgs
 from fulcrum.model.loader.hf_config import load_hf_config

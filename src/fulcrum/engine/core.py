@@ -25,6 +25,7 @@ from collections.abc import Callable
 from concurrent import futures
 
 from fulcrum.config import EngineConfig
+from fulcrum.kv_cache.sliding_window import kv_free_window, layer_windows
 from fulcrum.model.loader.hf_config import generation_eos_token_ids
 from fulcrum.protocol import (
     EngineCoreOutput,
@@ -54,6 +55,15 @@ def eos_token_ids(config: EngineConfig) -> set[int]:
     return ids | generation_eos_token_ids(mc.weights_path, mc.tokenizer_path)
 
 
+def engine_kv_window(config: EngineConfig) -> int | None:
+    """The sliding window outside which the scheduler releases a request's KV blocks (None:
+    some layer of the model, or of a draft model reading the same blocks, reads every key)."""
+    models = (config.model_config, config.draft_model_config)
+    return kv_free_window(
+        *(layer_windows(m.hf_config, m.max_model_len) for m in models if m is not None)
+    )
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         t0 = time.perf_counter()
@@ -78,7 +88,7 @@ class EngineCore:
         self.structured = _structured_manager(config, eos)
         self.scheduler = Scheduler(
             sc, config.cache_config, num_blocks, config.model_config.vocab_size, eos,
-            self.structured, config.speculative_config,
+            self.structured, config.speculative_config, kv_window=engine_kv_window(config),
         )
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s); max_model_len %d holds %.1f "

@@ -3,6 +3,20 @@
 Per request it keeps the block table, the locked radix node of its cached prefix and how many of
 its leading blocks are known to the cache. Allocation evicts unlocked cached blocks when the
 free list runs short; the scheduler preempts when even that is not enough.
+
+With a ``sliding_window`` (every layer windowed: kv_cache/sliding_window.py) a request lets go
+of the blocks no later query can see, so a long generation holds about window / block_size
+blocks::
+
+    positions   0 ........................ first_pos - window | first_pos ...
+    blocks      [released: num_freed ][ held, read by the window ][ held ... ]
+
+Released entries keep their place (and old id) in the table: a block's index is its position
+range. Nothing reads them again: the kernels start at the window, the torch reference masks
+what it gathers, and a reused id holds some other request's finite K/V. With prefix caching,
+such a request caches its prompt blocks only (caching generated blocks would pin the whole
+radix path under the request's lock), and drops its lock once it holds none of them, so the
+cached prompt becomes evictable while the request runs on.
 """
 
 from __future__ import annotations
@@ -19,11 +33,19 @@ class _ReqBlocks:
     blocks: list[int] = field(default_factory=list)
     node: TreeNode | None = None  # locked radix node of the cached prefix
     num_cached_blocks: int = 0  # leading blocks known to the cache (matched or inserted)
+    num_freed: int = 0  # leading blocks released (out of every layer's window)
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        sliding_window: int | None = None,
+    ) -> None:
         self.block_size = block_size
+        self.sliding_window = sliding_window
         self.pool = BlockPool(num_blocks)
         self.tree = RadixCache(self.pool, block_size) if enable_prefix_caching else None
         self._reqs: dict[str, _ReqBlocks] = {}
@@ -51,6 +73,17 @@ class KVCacheManager:
 
     def has(self, req_id: str) -> bool:
         return req_id in self._reqs
+
+    def num_held(self, req_id: str) -> int:
+        """Blocks the request still references (its table less the released ones)."""
+        rb = self._reqs[req_id]
+        return len(rb.blocks) - rb.num_freed
+
+    def shareable_prefix(self, req_id: str, num_blocks: int) -> list[int]:
+        """The request's first ``num_blocks`` blocks for a sibling to share, or none if it has
+        released any of them."""
+        rb = self._reqs[req_id]
+        return [] if rb.num_freed else rb.blocks[:num_blocks]
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -104,13 +137,43 @@ class KVCacheManager:
     def can_allocate(self, num_blocks: int) -> bool:
         return num_blocks <= self.num_available
 
+    def free_out_of_window(self, req_id: str, first_pos: int) -> None:
+        """Release the request's blocks wholly before the window of ``first_pos``, the first
+        position a step now scheduled queries. Later queries sit further on (a speculative
+        rollback stays past it), so no step reads those blocks again; a step still in flight
+        runs before any new owner's step writes them."""
+        rb = self._reqs[req_id]
+        if self.sliding_window is None:
+            return
+        n = min(max(first_pos - self.sliding_window + 1, 0) // self.block_size, len(rb.blocks))
+        if n <= rb.num_freed:
+            return
+        self.pool.decref(rb.blocks[rb.num_freed : n])
+        rb.num_freed = n
+        if rb.node is not None and self.tree is not None and n >= rb.num_cached_blocks:
+            self.tree.dec_lock_ref(rb.node)  # it holds no block of its cached path any more
+            rb.node = None
+
     # -- caching ------------------------------------------------------------------------------
 
-    def cache_blocks(self, req_id: str, token_ids: Sequence[int], num_computed: int, extra_key: Hashable) -> None:
-        """Insert the request's full, computed blocks into the radix cache."""
+    def cache_blocks(
+        self,
+        req_id: str,
+        token_ids: Sequence[int],
+        num_computed: int,
+        extra_key: Hashable,
+        num_prompt_tokens: int | None = None,
+    ) -> None:
+        """Insert the request's full, computed blocks into the radix cache (with a sliding
+        window, those of its first ``num_prompt_tokens`` tokens only)."""
         if self.tree is None:
             return
         rb = self._reqs[req_id]
+        if self.sliding_window is not None:
+            if rb.num_freed and rb.node is None:  # unlocked: its path may be gone
+                return
+            if num_prompt_tokens is not None:
+                num_computed = min(num_computed, num_prompt_tokens)
         full = min(num_computed // self.block_size, len(rb.blocks))
         if full <= rb.num_cached_blocks:
             return
@@ -131,13 +194,13 @@ class KVCacheManager:
             return
         if rb.node is not None and self.tree is not None:
             self.tree.dec_lock_ref(rb.node)
-        self.pool.decref(rb.blocks)
+        self.pool.decref(rb.blocks[rb.num_freed :])
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()
         refs = [0] * self.pool.num_blocks
         for rb in self._reqs.values():
-            for b in rb.blocks:
+            for b in rb.blocks[rb.num_freed :]:
                 refs[b] += 1
         assert refs == self.pool.ref_cnt, "ref counts differ from the block tables"
         if self.tree is not None:

@@ -8,14 +8,13 @@ attention-score and final-logit soft-capping (Gemma 2); per-head q/k norms and a
 base for the sliding layers (Gemma 3).
 
 Each layer attends through its own copy of the backend (``AttentionBackend.for_layer``) holding
-its scale, window and cap. The KV cache keeps every block of a sliding layer (correct, not yet
-memory-optimal: blocks out of every window are not freed).
+its scale, window and cap. The global layers read every key, so the KV cache frees no block of
+a Gemma sequence (kv_cache/sliding_window.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,11 +23,10 @@ from torch import nn
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
 from fulcrum.config import KernelConfig
 from fulcrum.kernels.dispatch import DEFAULT, Configured
+from fulcrum.kv_cache.sliding_window import SLIDING, layer_types
 from fulcrum.model.layers.rotary import RotaryEmbedding
 from fulcrum.model.llama import LlamaForCausalLM, ModelArgs, _linear
 from fulcrum.quant.base import QuantMethod
-
-SLIDING, FULL = "sliding_attention", "full_attention"
 
 
 @dataclass(frozen=True)
@@ -47,36 +45,20 @@ class GemmaArgs(ModelArgs):
         act = getattr(c, "hidden_activation", None) or getattr(c, "hidden_act", None)
         if act != "gelu_pytorch_tanh":
             raise ValueError(f"hidden_activation: {act!r} is not supported (gelu_pytorch_tanh).")
-        n = c.num_hidden_layers
-        types = getattr(c, "layer_types", None)
-        if types is None:  # configs written before transformers listed them
-            every = getattr(c, "sliding_window_pattern", 6) if gemma3 else 2
-            types = [FULL if (i + 1) % every == 0 else SLIDING for i in range(n)]
-        if len(types) != n or any(t not in (SLIDING, FULL) for t in types):
-            raise ValueError(f"layer_types: expected {n} of {SLIDING!r} / {FULL!r}, got {types}.")
+        types = layer_types(c)
+        window = getattr(c, "sliding_window", None)
         heads = c.num_attention_heads
-        base = ModelArgs.from_hf(_NoWindow(c), max_position)
+        base = ModelArgs.from_hf(c, max_position)
         return cls(
             **{f: getattr(base, f) for f in ModelArgs.__dataclass_fields__},
             query_pre_attn_scalar=float(getattr(c, "query_pre_attn_scalar", None) or heads),
-            sliding_window=getattr(c, "sliding_window", None),
+            # a window as long as any sequence is full attention: no mask to apply
+            sliding_window=window if window and window < max_position else None,
             attn_softcap=getattr(c, "attn_logit_softcapping", None),
             final_softcap=getattr(c, "final_logit_softcapping", None),
             layer_types=tuple(types),
             gemma3=gemma3,
         )
-
-
-class _NoWindow:
-    """The config seen by ``ModelArgs.from_hf`` without its window (applied per layer here)."""
-
-    def __init__(self, c) -> None:
-        self._c = c
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("sliding_window", "use_sliding_window"):
-            return None
-        return getattr(self._c, name)
 
 
 class _RopeView:
@@ -246,11 +228,6 @@ class GemmaForCausalLM(LlamaForCausalLM):
         nn.Module.__init__(self)
         args = GemmaArgs.from_gemma(hf_config, max_position)
         self._assemble(args, GemmaModel(args, hf_config, backend, quant), backend, kernel_config)
-
-    def set_kernel_config(self, kc: KernelConfig) -> None:
-        super().set_kernel_config(kc)
-        for layer in self.model.layers:
-            layer.self_attn.backend.kernel_config = kc
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)

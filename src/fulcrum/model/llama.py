@@ -17,6 +17,7 @@ from fulcrum.config import KernelConfig
 from fulcrum.distributed.layers import local_args, parallelize
 from fulcrum.distributed.parallel_state import tp_size
 from fulcrum.kernels.dispatch import DEFAULT, Configured, set_kernel_config
+from fulcrum.kv_cache.sliding_window import layer_windows
 from fulcrum.model.layers.activation import silu_and_mul
 from fulcrum.model.layers.linear import Linear, RopeKV, norm_linear, norm_linear_rope
 from fulcrum.model.layers.norm import RMSNorm
@@ -50,19 +51,6 @@ class ModelArgs:
     def from_hf(cls, c, max_position: int) -> ModelArgs:
         n_heads = c.num_attention_heads
         arch = (getattr(c, "architectures", None) or [""])[0]
-        if getattr(c, "use_sliding_window", False):
-            # Qwen2/Qwen3 sliding-window layers: the attention here is full on every layer.
-            raise ValueError(
-                "use_sliding_window: sliding-window attention is not supported for "
-                f"{arch or 'this model'}; set it to false."
-            )
-        window = getattr(c, "sliding_window", None)
-        if getattr(c, "use_sliding_window", None) is None and window and max_position > window:
-            # Mistral / Phi-3 windows: exact only while no sequence can outgrow the window.
-            raise ValueError(
-                f"sliding_window: {arch or 'this model'} attends within {window} tokens, which "
-                f"this attention does not honour; use max_model_len <= {window}."
-            )
         return cls(
             vocab_size=c.vocab_size,
             hidden_size=c.hidden_size,
@@ -196,7 +184,12 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         rope = RotaryEmbedding(hf_config, a.head_dim, a.max_position)
-        self.layers = nn.ModuleList(layer_cls(a, rope, backend, quant) for _ in range(a.num_layers))
+        # A sliding layer attends through its own copy of the backend holding its window.
+        backends = [
+            backend if w is None else backend.for_layer(backend.scale, w, None)
+            for w in layer_windows(hf_config, a.max_position)
+        ]
+        self.layers = nn.ModuleList(layer_cls(a, rope, b, quant) for b in backends)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
     def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
@@ -263,6 +256,8 @@ class LlamaForCausalLM(nn.Module):
         captured CUDA graph keeps the launches it captured)."""
         self.kernel_config = kc
         self.backend.kernel_config = kc
+        for layer in self.model.layers:  # per-layer copies (sliding windows, Gemma's caps)
+            layer.self_attn.backend.kernel_config = kc
         set_kernel_config(self, kc)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:

@@ -51,11 +51,14 @@ class Scheduler:
         eos_token_ids: set[int],
         structured: StructuredOutputManager | None = None,
         spec_config: SpeculativeConfig | None = None,
+        kv_window: int | None = None,  # every layer's window: older KV blocks are released
     ) -> None:
         self.config = config
         self.structured = structured
         self.block_size = cache_config.block_size
-        self.kv = KVCacheManager(num_blocks, cache_config.block_size, cache_config.enable_prefix_caching)
+        self.kv = KVCacheManager(
+            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching, kv_window
+        )
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.waiting: deque[Request] = deque()
@@ -274,6 +277,7 @@ class Scheduler:
             out.scheduled_spec_decode_tokens[req.key] = drafts
         req.spec_token_ids = drafts
         samples = start + num_new - len(drafts) == req.num_tokens_with_pending
+        self.kv.free_out_of_window(req.key, start)
         blocks = self.kv.block_table(req.key)
         if new:
             out.scheduled_new_reqs.append(
@@ -302,7 +306,7 @@ class Scheduler:
         # Full blocks of known tokens enter the cache now: a later reader runs after this step
         # on the device (and within a step, every layer writes its K/V before attending).
         known = min(req.num_computed_tokens, req.num_tokens)
-        self.kv.cache_blocks(req.key, req.all_token_ids, known, req.cache_salt)
+        self.kv.cache_blocks(req.key, req.all_token_ids, known, req.cache_salt, req.num_prompt_tokens)
 
     def _schedule_waiting(self, out: SchedulerOutput, reqs: list[Request], budget: int) -> None:
         bs = self.block_size
@@ -321,7 +325,7 @@ class Scheduler:
                 continue
             blocks, node = self.kv.match_prefix(req.all_token_ids, req.cache_salt)
             if self.kv.tree is None and parent is not None and self.kv.has(parent.key):
-                blocks = self.kv.block_table(parent.key)[: (req.num_prompt_tokens - 1) // bs]
+                blocks = self.kv.shareable_prefix(parent.key, (req.num_prompt_tokens - 1) // bs)
             m = len(blocks)
             if self.kv.tree is not None and _shares_uncached_block(req, m, bs, prefilling):
                 # another request is computing this prefix right now
