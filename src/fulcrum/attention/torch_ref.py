@@ -38,7 +38,7 @@ class GatherScratch:
     """Two reusable buffers for gathered K and V rows. Layers attend one after another, so one
     pair serves every layer of every step: gathering into fresh tensors allocated (and, on the
     CPU, page-faulted in) the whole batch's K/V twice per layer. The pair keeps the size of the
-    largest decode batch's K/V seen so far."""
+    largest decode batch's (or verify request's) K/V seen so far."""
 
     def __init__(self) -> None:
         self._k: torch.Tensor | None = None
