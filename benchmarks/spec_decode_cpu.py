@@ -3,12 +3,14 @@
 Two prompt sets: copy-heavy tasks (rewrite code with one change, summarize quoting the text,
 fill a JSON template, continue a numbered list) where the answer repeats the prompt, and
 open-ended chat prompts where it does not. For each method (none, ngram, suffix): output
-tokens/s (generation wall time over output tokens), mean acceptance length (tokens a verify step
-emits: 1 + accepted / verify steps), and whether the greedy text equals the run without
-speculation.
+tokens/s (generation wall time over output tokens; also over this process's CPU time, steadier
+on a machine other jobs load), mean acceptance length (tokens a verify step emits: 1 + accepted
+/ verify steps), and whether the greedy text equals the run without speculation. One engine per
+method; each prompt runs under every method in turn, ``--repeats`` times (medians reported).
 
     PYTHONPATH=src python benchmarks/spec_decode_cpu.py [--max-tokens 128] [--k 4]
-        [--methods none ngram suffix] [--sets copy open] [--prompts N] [--json out.json]
+        [--methods none ngram suffix] [--sets copy open] [--prompts N] [--repeats R]
+        [--json out.json]
 
 Prints one ``RESULT {json}`` line per (set, method).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 CODE = '''def load_users(path):
@@ -65,40 +68,81 @@ SPECS = {
 }
 
 
-def run_set(prompts: list[str], method: str, k: int, max_tokens: int) -> dict:
+def make_llm(method: str, k: int):
     from fulcrum import LLM, SamplingParams
 
     spec = SPECS[method]
     if spec is not None:
         spec = {**spec, "num_speculative_tokens": k}
     llm = LLM(dtype="float32", device="cpu", speculative_config=spec)
-    tok = llm.get_tokenizer()
-    chat = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
-        )
-        for p in prompts
-    ]
     llm.generate(["Hello"], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    return llm
+
+
+def fresh_proposer(llm) -> None:
+    """Every repeat starts as a new engine would: no suffix trie of earlier outputs, zero
+    counters (a repeat would otherwise find its own earlier answers in the global trie)."""
+    from fulcrum.spec_decode.registry import make_proposer
+    from fulcrum.spec_decode.stats import SpecDecodeStats
+
+    sched = llm.core.scheduler
+    if sched.spec_config is not None:
+        sched.proposer = make_proposer(sched.spec_config)
+        sched.spec_stats = SpecDecodeStats(sched.spec_config.num_speculative_tokens)
+
+
+def run_prompt(llm, prompt: str, max_tokens: int) -> tuple[str, int, float, float]:
+    """One request at a time: (text, output tokens, wall s, CPU s of this process)."""
+    from fulcrum import SamplingParams
+
+    chat = llm.get_tokenizer().apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+    )
     sp = SamplingParams(temperature=0, max_tokens=max_tokens)
-    texts, n_out, wall = [], 0, 0.0
-    for p in chat:  # concurrency 1
-        t0 = time.perf_counter()
-        out = llm.generate([p], sp, use_tqdm=False)[0].outputs[0]
-        wall += time.perf_counter() - t0
-        texts.append(out.text)
-        n_out += len(out.token_ids)
-    st = llm.core.scheduler.spec_stats
-    return {
-        "tokens_per_s": n_out / wall,
-        "output_tokens": n_out,
-        "wall_s": wall,
-        "mean_acceptance_length": st.mean_acceptance_length if st.num_drafts else None,
-        "num_drafts": st.num_drafts,
-        "draft_tokens": st.num_draft_tokens,
-        "accepted_tokens": st.num_accepted_tokens,
-        "texts": texts,
-    }
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = llm.generate([chat], sp, use_tqdm=False)[0].outputs[0]
+    return out.text, len(out.token_ids), time.perf_counter() - t0, time.process_time() - c0
+
+
+def run_set(llms: dict, prompts: list[str], max_tokens: int, repeats: int) -> dict:
+    """Each prompt runs under every method in turn (the order rotating per repeat), so load
+    from other processes falls on all methods alike; per method the median over repeats."""
+    methods = list(llms)
+    walls: dict[str, list[float]] = {m: [] for m in methods}
+    cpus: dict[str, list[float]] = {m: [] for m in methods}
+    res: dict[str, dict] = {}
+    for r in range(repeats):
+        for llm in llms.values():
+            fresh_proposer(llm)
+        texts: dict[str, list[str]] = {m: [] for m in methods}
+        n_out = dict.fromkeys(methods, 0)
+        wall = dict.fromkeys(methods, 0.0)
+        cpu = dict.fromkeys(methods, 0.0)
+        for i, p in enumerate(prompts):
+            rot = (r + i) % len(methods)
+            for m in methods[rot:] + methods[:rot]:
+                text, n, w, c = run_prompt(llms[m], p, max_tokens)
+                texts[m].append(text)
+                n_out[m] += n
+                wall[m] += w
+                cpu[m] += c
+        for m in methods:
+            walls[m].append(n_out[m] / wall[m])
+            cpus[m].append(n_out[m] / cpu[m])
+            st = llms[m].core.scheduler.spec_stats
+            res[m] = {
+                "output_tokens": n_out[m],
+                "mean_acceptance_length": st.mean_acceptance_length if st.num_drafts else None,
+                "num_drafts": st.num_drafts,
+                "draft_tokens": st.num_draft_tokens,
+                "accepted_tokens": st.num_accepted_tokens,
+                "texts": texts[m],
+            }
+    for m in methods:
+        res[m]["tokens_per_s"] = statistics.median(walls[m])
+        res[m]["tokens_per_cpu_s"] = statistics.median(cpus[m])
+        res[m]["tokens_per_s_runs"] = [round(x, 2) for x in walls[m]]
+    return res
 
 
 def main() -> None:
@@ -108,20 +152,21 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=list(SPECS), choices=list(SPECS))
     ap.add_argument("--sets", nargs="+", default=["copy", "open"], choices=["copy", "open"])
     ap.add_argument("--prompts", type=int, default=None, help="the first N prompts of each set")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each set; medians reported")
     ap.add_argument("--json", help="write every result here")
     args = ap.parse_args()
+    llms = {m: make_llm(m, args.k) for m in args.methods}
     results = []
     for name in args.sets:
         prompts = (COPY if name == "copy" else OPEN)[: args.prompts]
-        base = None
-        for method in args.methods:
-            r = run_set(prompts, method, args.k, args.max_tokens)
-            if method == "none":
-                base = r
+        res = run_set(llms, prompts, args.max_tokens, args.repeats)
+        base = res.get("none")
+        for method, r in res.items():
             row = {
                 "set": name, "method": method, "k": args.k,
                 **{key: v for key, v in r.items() if key != "texts"},
                 "speedup": r["tokens_per_s"] / base["tokens_per_s"] if base else None,
+                "cpu_speedup": r["tokens_per_cpu_s"] / base["tokens_per_cpu_s"] if base else None,
                 "identical_text": r["texts"] == base["texts"] if base else None,
             }
             print("RESULT " + json.dumps(row), flush=True)

@@ -432,6 +432,12 @@ class KernelConfig:
         envs.FULCRUM_FUSED_MOE,
         "Mixture-of-experts layers run the fused Triton routing and grouped GEMMs (CUDA).",
     )
+    cpu_packed_linear: bool = _knob(
+        True,
+        "With speculative decoding on the CPU, float32 linear layers keep a oneDNN-packed copy "
+        "of their weights for steps of 2 to 64 rows (verify steps), which then cost about a "
+        "one-row decode step; the weights take twice the memory.",
+    )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], prefix: str = "") -> KernelConfig:

@@ -2,7 +2,8 @@
 
 Decodes (query_len == 1) are batched into one SDPA call over the gathered blocks; each request
 with a longer query (a prefill chunk, or speculative tokens) gets its own causal SDPA call — on
-the new K/V directly when nothing is cached before it. Index tensors and masks are built once
+the new K/V directly when nothing is cached before it, through GQA without copies of K/V when
+the query is a few tokens (a verify step). Index tensors and masks are built once
 per step (on the first layer) and reused by the other layers.
 """
 
@@ -14,6 +15,12 @@ import torch.nn.functional as F
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata, register_backend
 from fulcrum.config import KernelConfig
 from fulcrum.kv_cache.dtype import v_token_major, write_rows, write_v_rows
+
+# A request with at most this many query tokens over a cached prefix (a verify step) attends
+# like a decode: K/V gathered into the shared scratch, the KV heads shared through SDPA's GQA
+# (no copies of K/V per query head), which costs less than the expanded contiguous copies that
+# a long prefill chunk needs for SDPA's fast kernel.
+_FEW_QUERIES = 16
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor):
@@ -31,7 +38,7 @@ class GatherScratch:
     """Two reusable buffers for gathered K and V rows. Layers attend one after another, so one
     pair serves every layer of every step: gathering into fresh tensors allocated (and, on the
     CPU, page-faulted in) the whole batch's K/V twice per layer. The pair keeps the size of the
-    largest decode batch's K/V seen so far."""
+    largest decode batch's (or verify request's) K/V seen so far."""
 
     def __init__(self) -> None:
         self._k: torch.Tensor | None = None
@@ -163,6 +170,12 @@ class TorchAttentionBackend(AttentionBackend):
     def write_kv(self, k, v, kv_cache, slot_mapping) -> None:
         write_kv(k, v, kv_cache, slot_mapping)
 
+    def _sdpa_gqa(self, q, k, v, mask) -> torch.Tensor:
+        """Attention of 4-D ``q`` over gathered K/V rows, the KV heads shared by SDPA's GQA."""
+        gqa = self.num_heads > self.num_kv_heads
+        k, v = k.to(q.dtype), v.to(q.dtype)
+        return _sdpa(q, k, v, mask, False, self.scale, self.logit_softcap, gqa=gqa)
+
     def attend(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         out = torch.empty_like(q)
         plan = _plan(meta, q.device, self.sliding_window)
@@ -171,18 +184,15 @@ class TorchAttentionBackend(AttentionBackend):
         if plan["decode"] is not None:
             idx, tok, max_len, mask = plan["decode"]
             kk, vv = gather_kv(kv_cache, meta.block_tables[idx], max_len, self._scratch, q.dtype)
-            o = _sdpa(
-                q[tok].unsqueeze(2),  # [B, H, 1, D]
-                kk.transpose(1, 2).to(q.dtype),
-                vv.transpose(1, 2).to(q.dtype),
-                mask,
-                False,
-                self.scale,
-                cap,
-                gqa=groups > 1,
-            )
-            out[tok] = o.squeeze(2)
+            o = self._sdpa_gqa(q[tok].unsqueeze(2), kk.transpose(1, 2), vv.transpose(1, 2), mask)
+            out[tok] = o.squeeze(2)  # q [B, H, 1, D], K/V [B, Hkv, L, D]
         for i, start, end, length, mask, cached in plan["prefill"]:
+            if cached and end - start <= _FEW_QUERIES:  # a verify step's k + 1 tokens
+                kk, vv = gather_kv(kv_cache, meta.block_tables[i], length, self._scratch, q.dtype)
+                kk, vv = kk.transpose(0, 1).unsqueeze(0), vv.transpose(0, 1).unsqueeze(0)
+                o = self._sdpa_gqa(q[start:end].transpose(0, 1).unsqueeze(0), kk, vv, mask)
+                out[start:end] = o[0].transpose(0, 1)  # q [1, H, q, D], K/V [1, Hkv, L, D]
+                continue
             if not cached:  # nothing cached before this chunk: its own rows
                 kk, vv = k[start:end], v[start:end]
             else:

@@ -37,6 +37,8 @@ from fulcrum.attention.selector import get_backend_cls
 from fulcrum.config import EngineConfig, KernelConfig
 from fulcrum.kernels.dispatch import use_triton
 from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
+from fulcrum.model.layers.linear import Linear
+from fulcrum.model.layers.packed_cpu import pack_linear_weights
 from fulcrum.model.loader.weights import load_model
 from fulcrum.protocol import Logprobs
 from fulcrum.scheduler.output import SchedulerOutput
@@ -69,6 +71,8 @@ class ModelRunner:
         )
         torch.manual_seed(mc.seed)
         self.model, self.load_time = load_model(mc, self.attn_backend, self.device, kc)
+        if config.speculative_config is not None and kc.cpu_packed_linear:  # verify steps
+            pack_linear_weights(self.model, Linear)
         self.vocab_size = mc.vocab_size
         self.sampling = StepSampler(self.device, self.vocab_size, kc)
         self.kv_caches: list[torch.Tensor] = []
