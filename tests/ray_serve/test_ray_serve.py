@@ -95,7 +95,12 @@ def test_client_disconnect_aborts_the_engine_request(client: OpenAI) -> None:
     with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as r:
         replica = r.headers["x-fulcrum-replica"]
         assert next(r.iter_lines()).startswith("data: {")
+        # the gauge comes with the engine's step stats: poll (bounded) rather than race them
+        deadline = time.monotonic() + 20
         during = _metrics_of(base, replica)
+        while during[running] != 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            during = _metrics_of(base, replica)
         assert during[running] == 1
     # the engine stops the request (running drops to 0) without finishing it
     deadline = time.monotonic() + 30
