@@ -186,3 +186,35 @@ def test_smollm2_copy_task_and_stop_string(smollm_dir, smol_case, method):
         assert got.finish_reason == want.finish_reason
     stats = fast.core.scheduler.spec_stats
     assert stats.num_accepted_tokens > 0 and stats.mean_acceptance_length > 1.5, stats
+
+
+def test_verify_steps_replay_the_decode_graphs(tiny_models):
+    """Verify steps of decoding requests run as decode rows (last token, then each guess)
+    through the decode graphs (replays emulated off CUDA, the triton backend in the
+    interpreter): the tokens, logprobs, seeded draws and acceptance of the eager verify step."""
+    from fulcrum.worker.startup import capture_graphs
+
+    prompts = _prompts(2)[:2] + _prompts(2)[5:6]
+    kw = dict(device="cpu", dtype="float32", attention_backend="triton", max_num_seqs=2)
+    spec = {**SPECS["ngram"], "num_speculative_tokens": 3}
+    cases = [
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, seed=3, ignore_eos=True),
+    ]
+    eager = LLM(tiny_models["llama"], speculative_config=spec, **kw)
+    llm = LLM(tiny_models["llama"], speculative_config=spec, **kw)
+    runner = llm.core.runner
+    capture_graphs(runner, emulate=True)
+    assert runner.graphs.sizes == [1, 2, 4, 8]  # 2 requests x (1 + 3) verify rows
+    for sp in cases:
+        want = eager.generate(prompts, sp, use_tqdm=False)
+        got = llm.generate(prompts, sp, use_tqdm=False)
+        assert _toks(got) == _toks(want)
+        for w, g in zip(want, got, strict=True):
+            for a, b in zip(w.outputs[0].logprobs or [], g.outputs[0].logprobs or [], strict=True):
+                assert a.keys() == b.keys()
+                assert all(a[t].logprob == pytest.approx(b[t].logprob, abs=1e-4) for t in a)
+    assert runner.num_graph_verify_steps > 0
+    a, b = eager.core.scheduler.spec_stats, llm.core.scheduler.spec_stats
+    assert (a.num_draft_tokens, a.num_accepted_tokens) == (b.num_draft_tokens, b.num_accepted_tokens)
+    _check_idle(llm)

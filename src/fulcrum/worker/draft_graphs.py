@@ -13,11 +13,14 @@ from fulcrum.worker.model_runner import ModelRunner
 logger = logging.getLogger(__name__)
 
 
-def new_decode_graphs(runner: ModelRunner, forward: DecodeForward, emulate: bool) -> DecodeGraphs:
-    """Decode graphs (not captured yet) of ``forward`` for the runner's batch buckets."""
+def new_decode_graphs(
+    runner: ModelRunner, forward: DecodeForward, emulate: bool, max_rows: int | None = None
+) -> DecodeGraphs:
+    """Decode graphs (not captured yet) of ``forward`` for batch buckets up to ``max_rows``
+    (default: ``max_num_seqs``; capped at ``MAX_CAPTURE_SIZE``)."""
     return DecodeGraphs(
         forward,
-        capture_sizes(runner.config.scheduler_config.max_num_seqs),
+        capture_sizes(max_rows or runner.config.scheduler_config.max_num_seqs),
         runner.max_blocks,
         runner.block_size,
         runner.max_model_len,

@@ -148,6 +148,32 @@ class InputBuilder:
                 src.append(prev_rows[st.req_id])
         return ids, pos, dst, src
 
+    @staticmethod
+    def verify_batch(
+        out: SchedulerOutput, states: list[ReqState], starts: list[int]
+    ) -> tuple[np.ndarray, np.ndarray, list[ReqState], list[list[int]]] | None:
+        """A verify step as decode rows, if every request computes its last token plus its
+        guesses (none a prompt chunk, every input on the host): (input ids, positions, each
+        row's request, each request's guesses). A request's rows are its last token then each
+        guess; row ``i`` attends to the context up to itself, as a decode row would, since
+        every row's KV is written before any row attends."""
+        spec = out.scheduled_spec_decode_tokens
+        ids: list[int] = []
+        pos: list[int] = []
+        row_states: list[ReqState] = []
+        drafts: list[list[int]] = []
+        steps = zip(states, out.num_scheduled_tokens, starts, out.samples, strict=True)
+        for st, k, s, smp in steps:
+            d = spec.get(st.req_id, [])
+            if not smp or k != len(d) + 1 or s >= len(st.token_ids):
+                return None
+            ids.append(st.token_ids[s])
+            ids += d
+            pos += range(s, s + k)
+            row_states += [st] * k
+            drafts.append(d)
+        return np.array(ids, np.int64), np.array(pos, np.int64), row_states, drafts
+
     def general_batch(
         self,
         out: SchedulerOutput,

@@ -16,8 +16,11 @@ A step is launched without waiting on the device and collected later (``execute_
 A verify step (speculative decoding) is a general step whose requests bring their guesses as
 extra input tokens: logits are computed at the last token and at each guess, every position is
 sampled as an ordinary row, and ``collect`` keeps the agreeing run (spec_decode/rejection.py
-says why that is exact for n-gram and suffix guesses). It runs eagerly or through the piecewise
-graphs like any mixed step; the decode graphs serve one token per request only.
+says why that is exact for n-gram and suffix guesses). When every request decodes, its rows
+(last token, then each guess) replay the decode graph of their count, each row a decode row
+with its own position and the request's block table; otherwise (a prompt chunk in the step, a
+draft model's guesses drawn on the device) it runs eagerly or through the piecewise graphs like
+any mixed step.
 
 The host-side arrays (block-table rows kept per request, ids, positions, slots) are built in
 ``worker/input_batch.py``. Start-up (sizing the KV pool, compiling ahead, capturing the graphs)
@@ -91,6 +94,7 @@ class ModelRunner:
         self._prev_sampled: torch.Tensor | None = None
         self._graph_ids: torch.Tensor | None = None  # greedy ids of the last graph replay
         self._prev_rows: dict[str, int] = {}
+        self.num_graph_verify_steps = 0  # verify steps replayed in a decode graph
         self.timings: dict[str, float] = {"weights_s": self.load_time}
         self.draft: DraftModel | None = None  # speculative_config.method "draft_model"
         if config.draft_model_config is not None:
@@ -178,6 +182,10 @@ class ModelRunner:
             if before_sample is not None:
                 before_sample()
             return self._sample(logits, states, dec[1] + 1, greedy, out.grammar_bitmask)
+        if guesses is None and out.scheduled_spec_decode_tokens:
+            handle = self._verify_in_decode_graph(out, states, starts, before_sample)
+            if handle is not None:
+                return handle
         logits, rows, ends, drafts = self._general_step(out, states, starts, guesses)
         if before_sample is not None:
             before_sample()
@@ -185,11 +193,7 @@ class ModelRunner:
             return self._sample(logits, [states[i] for i in rows], ends, None, out.grammar_bitmask)
         rows_states = [states[i] for i, d in zip(rows, drafts, strict=True) for _ in range(len(d) + 1)]
         positions = _verify_rows(ends, drafts)
-        # A request with a grammar is never speculated (its mask covers one position), so each
-        # verify row of another request repeats that request's all-allowed mask row.
-        mask = out.grammar_bitmask
-        if mask is not None:
-            mask = np.repeat(mask, [len(d) + 1 for d in drafts], axis=0)
+        mask = _verify_mask(out.grammar_bitmask, drafts)
         if guesses is None:
             handle = self._sample(logits, rows_states, positions, None, mask)
         else:
@@ -200,6 +204,31 @@ class ModelRunner:
             )
             self._prev_rows = {st.req_id: i for i, st in enumerate(rows_states)}
         handle.drafts = drafts
+        return handle
+
+    def _verify_in_decode_graph(
+        self,
+        out: SchedulerOutput,
+        states: list[ReqState],
+        starts: list[int],
+        before_sample: Callable[[], None] | None,
+    ) -> StepHandle | None:
+        """A verify step of decoding requests (n-gram or suffix guesses) replayed in the decode
+        graph of its row count, one row per token (``InputBuilder.verify_batch``): no eager
+        attention between piecewise segments. None where no graph holds it."""
+        if not self.use_cuda_graphs or self.graphs is None:
+            return None
+        vb = self.inputs.verify_batch(out, states, starts)
+        if vb is None or self.graphs.bucket(len(vb[0])) is None:
+            return None
+        ids, pos, rows_states, drafts = vb
+        logits, greedy = self._decode_step(ids, pos, [], [], rows_states)
+        if before_sample is not None:
+            before_sample()
+        mask = _verify_mask(out.grammar_bitmask, drafts)
+        handle = self._sample(logits, rows_states, pos + 1, greedy, mask)
+        handle.drafts = drafts
+        self.num_graph_verify_steps += 1
         return handle
 
     def collect(self, h: StepHandle) -> tuple[list[int], list[Logprobs | None] | None]:
@@ -358,6 +387,15 @@ class ModelRunner:
             logits, states, positions, greedy, bitmask
         )
         return handle
+
+
+def _verify_mask(mask: np.ndarray | None, drafts: list[list[int]]) -> np.ndarray | None:
+    """The grammar bitmask of a verify step's rows. A request with a grammar is never
+    speculated (its mask covers one position), so each verify row of another request repeats
+    that request's all-allowed mask row."""
+    if mask is None:
+        return None
+    return np.repeat(mask, [len(d) + 1 for d in drafts], axis=0)
 
 
 def _verify_rows(last: np.ndarray, drafts: list[list[int]]) -> np.ndarray:

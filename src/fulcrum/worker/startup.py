@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 from fulcrum.attention.backend import AttentionMetadata
+from fulcrum.config import EngineConfig
 from fulcrum.worker.cuda_graph import DecodeGraphs, capture_sizes
 from fulcrum.worker.draft_graphs import capture_draft_graphs, new_decode_graphs
 from fulcrum.worker.model_runner import ModelRunner
@@ -103,7 +104,7 @@ def compile_pass(runner: ModelRunner, num_tokens: int) -> None:
     if runner.attn_backend.name != "triton" or runner.config.enforce_eager:
         return
     forward = functools.partial(decode_logits, runner, kv_caches=_scratch_cache(runner))
-    sizes = capture_sizes(runner.config.scheduler_config.max_num_seqs)
+    sizes = capture_sizes(decode_graph_rows(runner.config))
     args = (runner.max_blocks, runner.block_size, runner.max_model_len, runner.device)
     DecodeGraphs(forward, sizes, *args, kernel_config=runner.kernel_config).dry_run()
 
@@ -167,14 +168,27 @@ def decode_logits(
     return logits, greedy_argmax(logits, out, runner.kernel_config)
 
 
+def decode_graph_rows(config: EngineConfig) -> int:
+    """Rows of the largest decode step: ``max_num_seqs``, or with n-gram / suffix speculation
+    the verify steps' ``1 + num_speculative_tokens`` rows per request, up to
+    ``disable_by_batch_size`` requests (they replay the decode graphs too)."""
+    n = config.scheduler_config.max_num_seqs
+    spec = config.speculative_config
+    if spec is None or spec.method == "draft_model":
+        return n
+    return max(n, min(n, spec.disable_by_batch_size) * (1 + spec.num_speculative_tokens))
+
+
 def capture_graphs(runner: ModelRunner, emulate: bool = False) -> None:
-    """Capture decode graphs for every bucket up to ``max_num_seqs`` (capped at 512).
+    """Capture decode graphs for every bucket up to ``decode_graph_rows`` (capped at 512).
 
     ``emulate`` replays by re-running the forward (checks the padding logic off CUDA)."""
     if runner.attn_backend.name != "triton":
         logger.info("CUDA graphs need the triton attention backend; running eagerly.")
         return
-    graphs = new_decode_graphs(runner, functools.partial(decode_logits, runner), emulate)
+    graphs = new_decode_graphs(
+        runner, functools.partial(decode_logits, runner), emulate, decode_graph_rows(runner.config)
+    )
     # the sampler runs after each replay: compiled now too (found compiled when KV profiling
     # ran; the LM head of a zero row gives logits of the serving dtype and width)
     hidden = torch.zeros(1, runner.config.model_config.hf_config.hidden_size, device=runner.device)
