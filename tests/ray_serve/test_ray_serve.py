@@ -84,8 +84,14 @@ def _metrics_of(base_url: str, replica: str) -> dict[str, float]:
     raise AssertionError(f"/metrics never reached replica {replica}")
 
 
-def _finished(m: dict[str, float]) -> float:
-    return sum(v for k, v in m.items() if k.startswith("fulcrum:request_success_total"))
+def _finished(m: dict[str, float], aborted: bool = False) -> float:
+    """Requests finished (or, with ``aborted``, aborted) on that replica."""
+    return sum(
+        v
+        for k, v in m.items()
+        if k.startswith("fulcrum:request_success_total")
+        and ('finished_reason="abort"' in k) == aborted
+    )
 
 
 def test_client_disconnect_aborts_the_engine_request(client: OpenAI) -> None:
@@ -111,6 +117,7 @@ def test_client_disconnect_aborts_the_engine_request(client: OpenAI) -> None:
         time.sleep(0.2)
     assert after[running] == 0
     assert _finished(after) == _finished(during)
+    assert _finished(after, aborted=True) == _finished(during, aborted=True) + 1
 
 
 def test_prefix_affinity_and_both_replicas_serve(client: OpenAI) -> None:

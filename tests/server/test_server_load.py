@@ -61,7 +61,18 @@ def test_500_concurrent_streams(server: Server) -> None:
     wait_idle(server)
 
 
+def _finished_by_reason(server: Server) -> dict[str, float]:
+    _, data, _ = server.request("GET", "/metrics")
+    out: dict[str, float] = {}
+    for line in data.decode().splitlines():
+        if line.startswith("fulcrum:request_success_total{"):
+            reason = line.split('finished_reason="')[1].split('"')[0]
+            out[reason] = out.get(reason, 0.0) + float(line.rpartition(" ")[2])
+    return out
+
+
 def test_disconnects_free_kv_blocks_and_spare_the_others(server: Server) -> None:
+    before = _finished_by_reason(server)
     rng = random.Random(0)
     quitters = set(rng.sample(range(200), 60))  # 30%
 
@@ -78,6 +89,11 @@ def test_disconnects_free_kv_blocks_and_spare_the_others(server: Server) -> None
         assert r == ((None, -1) if i in quitters else ("length", 8)), (i, r)
     m = wait_idle(server)
     assert m["fulcrum:kv_cache_blocks_free"] == m["fulcrum:kv_cache_blocks_total"]
+    # every request counted once: a hang-up as "abort" (unless it finished first)
+    after = _finished_by_reason(server)
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    assert sum(delta.values()) == 200
+    assert delta.get("abort", 0) >= 1 and delta.get("length", 0) >= 140
 
 
 def test_nonstreaming_disconnect_is_aborted(server: Server) -> None:

@@ -277,9 +277,17 @@ class AsyncEngine:
             raise EngineDeadError(str(e)) from None
 
     def abort(self, request_id: str) -> None:
-        """Abort a request (no-op if unknown or finished)."""
-        if self._states.pop(request_id, None) is None:
+        """Abort a request (no-op if unknown or finished); it counts as finished for "abort"."""
+        st = self._states.pop(request_id, None)
+        if st is None:
             return
+        if self.stats_sink is not None:
+            now = time.time()
+            sched = st.first_scheduled_time
+            queue_s = None if sched is None else sched - st.arrival_time
+            self.stats_sink.on_finished(
+                "abort", now - st.arrival_time, queue_s, st.num_prompt_tokens, st.num_output_tokens
+            )
         with contextlib.suppress(Exception):
             self.processor.abort_request(request_id)
         if self.dead is None:
