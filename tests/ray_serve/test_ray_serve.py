@@ -71,17 +71,29 @@ def test_openai_client_streaming_and_not(client: OpenAI) -> None:
 
 
 def _metrics_of(base_url: str, replica: str) -> dict[str, float]:
-    """The /metrics of one replica (requests without a prompt go to either; bounded)."""
-    for _ in range(40):
-        r = httpx.get(f"{base_url}/metrics", timeout=10)
-        if r.headers["x-fulcrum-replica"] == replica:
-            out: dict[str, float] = {}
-            for line in r.text.splitlines():
-                if line and not line.startswith("#"):
-                    name, _, value = line.rpartition(" ")
-                    out[name] = float(value)
-            return out
-    raise AssertionError(f"/metrics never reached replica {replica}")
+    """One replica's samples in the ingress's merged /metrics, without the ``replica`` label."""
+    r = httpx.get(f"{base_url}/metrics", timeout=10)
+    tag = f',replica="{replica}"'
+    out: dict[str, float] = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#") and tag in line:
+            name, _, value = line.rpartition(" ")
+            out[name.replace(tag, "")] = float(value)
+    assert out, f"/metrics has no samples of replica {replica}"
+    return out
+
+
+def test_metrics_cover_every_replica(client: OpenAI) -> None:
+    base = str(client.base_url).removesuffix("/v1/")
+    chat(client, "Is a loose chain dangerous?")  # the router has listed the replicas by now
+    r = httpx.get(f"{base}/metrics", timeout=10)
+    replicas = r.headers["x-fulcrum-replica"].split(",")
+    assert r.status_code == 200 and len(set(replicas)) == 2
+    for rid in replicas:
+        m = _metrics_of(base, rid)
+        assert f'fulcrum:kv_cache_blocks_total{{model_name="{MODEL}"}}' in m
+    # one HELP/TYPE per family, then every replica's samples
+    assert r.text.count("# TYPE fulcrum:num_requests_running gauge") == 1
 
 
 def _finished(m: dict[str, float], aborted: bool = False) -> float:
@@ -100,7 +112,8 @@ def test_client_disconnect_aborts_the_engine_request(client: OpenAI) -> None:
     running = f'fulcrum:num_requests_running{{model_name="{MODEL}"}}'
     with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as r:
         replica = r.headers["x-fulcrum-replica"]
-        assert next(r.iter_lines()).startswith("data: {")
+        lines = r.iter_lines()  # held: a dropped line iterator closes the stream
+        assert next(lines).startswith("data: {")
         # the gauge comes with the engine's step stats: poll (bounded) rather than race them
         deadline = time.monotonic() + 20
         during = _metrics_of(base, replica)

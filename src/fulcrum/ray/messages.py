@@ -15,6 +15,7 @@ class ProxiedRequest:
     body: bytes = b""
     client: tuple[str, int] | None = None
     route_text: str = ""  # the prompt text, approximately (router.shape.prompt_text)
+    replica: str = ""  # this replica only (its unique id): the ingress's per-replica /metrics
 
 
 @dataclass

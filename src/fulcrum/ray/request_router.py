@@ -26,6 +26,17 @@ from fulcrum.router.prefix_tree import PrefixTree, block_hashes
 from fulcrum.router.shape import prompt_text
 
 
+def pinned_replica(pending: PendingRequest | None) -> str:
+    """The replica a ProxiedRequest names (``replica``), or ""."""
+    if pending is None:
+        return ""
+    for arg in [*pending.args, *pending.kwargs.values()]:
+        rid = getattr(arg, "replica", None)
+        if isinstance(rid, str):
+            return rid
+    return ""
+
+
 def routing_text(pending: PendingRequest | None) -> str | None:
     """The prompt text of a request: a ProxiedRequest's ``route_text``, or an OpenAI body."""
     if pending is None:
@@ -37,6 +48,19 @@ def routing_text(pending: PendingRequest | None) -> str | None:
         if isinstance(arg, Mapping):
             return prompt_text(arg)
     return None
+
+
+# The live replicas' unique ids, as this process's router last saw them: the ingress asks each
+# one for its /metrics. One engine deployment per application, so one list.
+LIVE_REPLICAS: list[str] = []
+
+
+def _publish(ids: list[str]) -> None:
+    # Through the module itself: Serve may run a by-value copy of the router class (and of this
+    # function), whose globals are not this module's.
+    import fulcrum.ray.request_router as home
+
+    home.LIVE_REPLICAS = sorted(ids)
 
 
 class CacheAwareRequestRouter(RequestRouter):
@@ -83,6 +107,12 @@ class CacheAwareRequestRouter(RequestRouter):
         if pending_request is not None:
             # Every replica full: Serve retries this call; back off between tries.
             pending_request.routing_context.should_backoff = True
+        pinned = pinned_replica(pending_request)
+        if pinned:
+            # A request for one replica (its metrics): that one, or, if it is gone, any (the
+            # ingress sees the answering replica's id and drops the answer).
+            match = [r for r in candidate_replicas if r.replica_id.unique_id == pinned]
+            return [match or list(candidate_replicas)]
         text = routing_text(pending_request)
         if text is None or len(candidate_replicas) < 2:
             return [list(candidate_replicas)]  # Serve takes the least queued
@@ -122,6 +152,7 @@ class CacheAwareRequestRouter(RequestRouter):
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
+        _publish([r.replica_id.unique_id for r in replicas])
         for rid in set(self.trees) | set(self.in_flight):
             if rid not in self._replica_id_set:
                 self._forget(rid)
@@ -131,5 +162,8 @@ class CacheAwareRequestRouter(RequestRouter):
         self._forget(replica_id)
 
     def _forget(self, rid: ReplicaID) -> None:
+        import fulcrum.ray.request_router as home
+
+        _publish([i for i in home.LIVE_REPLICAS if i != rid.unique_id])
         self.trees.pop(rid, None)
         self.in_flight.pop(rid, None)
