@@ -130,3 +130,30 @@ def test_matcher_rollback(smollm_tokenizer) -> None:
     m.fill_bitmask(mask, 1)
     assert np.array_equal(mask[0], mask[1])
     assert not (mask[0] == -1).all()  # the start allows only some tokens
+
+
+def test_batched_fill_equals_row_by_row(smollm_tokenizer) -> None:
+    """The threaded fill of a step's rows writes what each matcher writes alone, into the rows
+    it is given (rows without a grammar stay all-allowed)."""
+    from fulcrum.structured.xgrammar_backend import XgrammarBackend
+
+    tok = smollm_tokenizer
+    backend = XgrammarBackend(tok, len(tok) + 64, [tok.eos_token_id])  # padded vocabulary
+    grammar = backend.compile(SO(json={"type": "object", "properties": {
+        "name": {"type": "string"}, "n": {"type": "integer"}}, "required": ["name", "n"]}))
+    prefixes = ["", '{"name": "a', '{"name": "ab", "n": 1', '{"name": "x", "n": ', "{", '{"n']
+    matchers = []
+    for text in prefixes * 2:  # 12 rows: past the threaded path's minimum
+        m = grammar.new_matcher()
+        for t in tok.encode(text, add_special_tokens=False):
+            assert m.accept_token(t), text
+        matchers.append(m)
+    rows = [2 * i + 1 for i in range(len(matchers))]
+    batched = backend.allocate_bitmask(2 * len(matchers) + 1)
+    backend.fill_bitmasks(matchers, batched, rows)
+    for m, row in zip(matchers, rows, strict=True):
+        alone = backend.allocate_bitmask(1)
+        m.fill_bitmask(alone, 0)
+        assert np.array_equal(batched[row], alone[0])
+        assert (batched[row - 1] == -1).all()
+    assert len({batched[r].tobytes() for r in rows}) == len(prefixes)

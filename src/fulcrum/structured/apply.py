@@ -12,7 +12,7 @@ import torch
 def apply_bitmask(logits: torch.Tensor, bitmask: np.ndarray) -> torch.Tensor:
     """``logits`` [rows, V] masked by ``bitmask`` [rows, ceil(V/32)] (host int32), in place
     when the dtype allows (xgrammar needs float32/16/bf16 and contiguous rows)."""
-    rows = [i for i in range(len(bitmask)) if not (bitmask[i] == -1).all()]
+    rows = np.flatnonzero((bitmask != -1).any(axis=1)).tolist()
     if not rows:
         return logits
     if not logits.is_contiguous():

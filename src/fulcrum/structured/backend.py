@@ -46,3 +46,11 @@ class GrammarBackend(ABC):
     @abstractmethod
     def allocate_bitmask(self, rows: int) -> np.ndarray:
         """An all-allowed bitmask of ``rows`` rows (int32 ``[rows, ceil(vocab / 32)]``)."""
+
+    def fill_bitmasks(
+        self, matchers: list[GrammarMatcher], bitmask: np.ndarray, rows: list[int]
+    ) -> None:
+        """``matchers[i]`` fills ``bitmask[rows[i]]``; a backend may spread the rows over
+        threads (the filling is per-step host work that grows with the batch)."""
+        for m, row in zip(matchers, rows, strict=True):
+            m.fill_bitmask(bitmask, row)

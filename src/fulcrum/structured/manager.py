@@ -57,9 +57,9 @@ class StructuredOutputManager:
     def bitmask(self, matchers: Sequence[GrammarMatcher | None]) -> np.ndarray:
         """One row per sampled row; rows without a grammar allow everything."""
         mask = self.backend.allocate_bitmask(len(matchers))
-        for row, m in enumerate(matchers):
-            if m is not None:
-                m.fill_bitmask(mask, row)
+        rows = [row for row, m in enumerate(matchers) if m is not None]
+        if rows:
+            self.backend.fill_bitmasks([matchers[r] for r in rows], mask, rows)  # type: ignore[misc]
         return mask
 
     def shutdown(self) -> None:
