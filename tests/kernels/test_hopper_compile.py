@@ -47,6 +47,7 @@ with compile_for_hopper() as built:
             for m in (1, 4):
                 x = torch.empty(m, k, dtype=torch.bfloat16)
                 w4a16.gemv(x, qweight, zeros, scales, None, group, bits, w4a16.GEMV_CONFIG, m_)
+                w4a16.gemv(x, qweight, zeros, scales, None, group, bits, w4a16.GEMV_CONFIG + (4,), m_)
             x = torch.empty(512, k, dtype=torch.bfloat16)
             w4a16.gemm(x, qweight, zeros, scales, None, group, bits, w4a16.GEMM_CONFIG, m_)
 check_fits(built)

@@ -22,6 +22,8 @@ contiguous; the caller permutes x's columns the same way.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -191,10 +193,10 @@ def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, st
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_q,
-                 stride_z, stride_s, stride_om, GROUP: tl.constexpr, BITS: tl.constexpr,
-                 HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):  # fmt: skip
+def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, K_SPLIT, stride_xm,
+                 stride_q, stride_z, stride_s, stride_om, GROUP: tl.constexpr, BITS: tl.constexpr,
+                 HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -203,14 +205,19 @@ def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, st
     # One row: products summed elementwise, one reduction at the end (as kernels/gemv.py).
     acc1 = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start = tl.program_id(1) * K_SPLIT  # split-K: this program's K_SPLIT rows
+    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         mask_k = k < K
         w = _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
                           stride_q, stride_z, stride_s, GROUP, BITS, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
         acc1, acc = gemv_step(acc1, acc, w, x_ptr, k, mask_k, offs_m, mask_m, stride_xm, BLOCK_M)
-    store_tile(acc1, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
-               BLOCK_M, True)  # fmt: skip
+    if SPLIT == 1:
+        store_tile(acc1, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
+                   BLOCK_M, True)  # fmt: skip
+    else:  # this split's fp32 partial sums into out[split] ([SPLIT, M, N]); the bias comes after
+        store_tile(acc1, acc, b_ptr, out_ptr + tl.program_id(1) * M * stride_om, offs_m, offs_n,
+                   mask_m, mask_n, stride_om, False, BLOCK_M, True)  # fmt: skip
 
 
 def _fit_block_k(block_k: int, k: int, group: int) -> int:
@@ -246,6 +253,26 @@ def _operands(x, qweight, zeros, scales, mins, group, bits) -> tuple[torch.Tenso
     return x, torch.empty((m, n), dtype=x.dtype, device=x.device)
 
 
+@functools.lru_cache(maxsize=8)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def auto_split(k: int, programs: int, block_k: int, sms: int) -> int:
+    """Split K (a power of two) until about four programs per SM stream the weight: one program
+    per strip of N columns leaves a narrow layer (N = 4,096 at a 32-column strip: 128 programs)
+    with one program per SM, too few loads in flight to draw HBM's bandwidth. Each split keeps
+    at least four K tiles, and K must divide evenly."""
+    split = 1
+    while (
+        programs * split < 4 * sms
+        and k % (2 * split * block_k) == 0
+        and k // (2 * split) >= 4 * block_k
+    ):
+        split *= 2
+    return split
+
+
 def gemv(
     x: torch.Tensor,  # [M, K], a few rows
     qweight: torch.Tensor,
@@ -254,24 +281,41 @@ def gemv(
     bias: torch.Tensor | None,
     group: int,
     bits: int = 4,
-    config: tuple[int, int, int] | None = None,  # (block_n, block_k, num_warps)
+    config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps[, split_k])
     mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x @ dequant(W) (+ bias)`` for a few rows of ``x``, in ``x``'s dtype."""
+    """``x @ dequant(W) (+ bias)`` for a few rows of ``x``, in ``x``'s dtype.
+
+    ``split_k`` (default on CUDA: :func:`auto_split`) runs that many programs per strip of
+    columns, each over its share of K, writing fp32 partial sums that one sum adds in a fixed
+    order (results are the same run to run, unlike atomics)."""
     x, out = _operands(x, qweight, zeros, scales, mins, group, bits)
     m, n, k = x.shape[0], out.shape[1], x.shape[1]
     if m == 0:
         return out
-    block_n, block_k, warps = config or (GEMV_CONFIG if x.is_cuda else INTERPRET_GEMV_CONFIG)
+    cfg = config or (GEMV_CONFIG if x.is_cuda else INTERPRET_GEMV_CONFIG)
+    block_n, block_k, warps = cfg[:3]
     block_k = max(32 // bits, _fit_block_k(block_k, k, group))
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
+    programs = triton.cdiv(n, block_n)
+    if len(cfg) > 3:
+        split = cfg[3]
+    else:
+        split = auto_split(k, programs, block_k, _num_sms(x.device.index or 0)) if x.is_cuda else 1
+    if split < 1 or k % (split * block_k):
+        raise ValueError(f"w4a16: split_k {split} x block_k {block_k} does not divide K = {k}")
+    dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    _gemv_kernel[(programs, split)](
         x, qweight, zeros, scales, mins if mins is not None else scales,
-        bias if bias is not None else scales, out, m, n, k,
-        x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), out.stride(0),
-        GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None, BLOCK_M=triton.next_power_of_2(m),
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        bias if bias is not None else scales, dst, m, n, k, k // split,
+        x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), dst.stride(-2),
+        GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None and split == 1,
+        SPLIT=split,
+        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
     )  # fmt: skip
-    return out
+    if split == 1:
+        return out
+    y = dst.sum(0)
+    return (y if bias is None else y + bias.float()).to(x.dtype)
 
 
 def gemm(
