@@ -49,18 +49,26 @@ CASES = [  # (m, k, n, group, bits, bias)
 ]
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_gemv_equals_reference(case) -> None:
+def _run(fn, case, seed: int, config=None, tol: float = 1e-5):
+    """``fn`` (gemv or gemm) on a random case, on DEVICE, against dequantize-then-matmul."""
     m, k, n, group, bits, bias = case
-    gen = torch.Generator().manual_seed(m * 1000 + k + n)
+    gen = torch.Generator().manual_seed(seed)
     qw, z, s, _ = _random_weight(k, n, group, bits, gen)
     x = torch.randn(m, k, generator=gen)
     b = torch.randn(n, generator=gen) if bias is True else None
     mn = torch.randn(k // group, n, generator=gen).half() * 0.01 if bias == "mins" else None
     want = w4a16.reference_matmul(x, qw, z, s, b, group, bits, mn)
     to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
-    y = w4a16.gemv(to(x), to(qw), to(z), to(s), to(b), group, bits, mins=to(mn))
-    torch.testing.assert_close(y.cpu(), want, rtol=1e-5, atol=1e-5)
+    args = (to(x), to(qw), to(z), to(s), to(b), group, bits)
+    y = fn(*args, config, mins=to(mn))
+    torch.testing.assert_close(y.cpu(), want, rtol=tol, atol=tol)
+    return args, to(mn)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gemv_equals_reference(case) -> None:
+    m, k, n = case[:3]
+    _run(w4a16.gemv, case, m * 1000 + k + n)
 
 
 @pytest.mark.parametrize("split", [2, 4])
@@ -68,43 +76,27 @@ def test_gemv_equals_reference(case) -> None:
                                   (2, 128, 32, 16, 8, False)])  # fmt: skip
 def test_split_k_gemv_equals_reference(case, split) -> None:
     """K shared out over ``split`` programs per strip, their partial sums added after."""
-    m, k, n, group, bits, bias = case
-    gen = torch.Generator().manual_seed(split * 1000 + m + n)
-    qw, z, s, _ = _random_weight(k, n, group, bits, gen)
-    x = torch.randn(m, k, generator=gen)
-    b = torch.randn(n, generator=gen) if bias is True else None
-    mn = torch.randn(k // group, n, generator=gen).half() * 0.01 if bias == "mins" else None
-    want = w4a16.reference_matmul(x, qw, z, s, b, group, bits, mn)
-    to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
-    cfg = (16, 16, 1, split)
-    y = w4a16.gemv(to(x), to(qw), to(z), to(s), to(b), group, bits, cfg, mins=to(mn))
-    torch.testing.assert_close(y.cpu(), want, rtol=1e-5, atol=1e-5)
+    args, mn = _run(w4a16.gemv, case, split * 1000 + case[0] + case[2], (16, 16, 1, split))
     with pytest.raises(ValueError, match="split_k"):
-        w4a16.gemv(to(x), to(qw), to(z), to(s), to(b), group, bits, (16, 16, 1, 3), mins=to(mn))
+        w4a16.gemv(*args, (16, 16, 1, 3), mins=mn)
 
 
 def test_auto_split_fills_the_sms() -> None:
     sms = 132
-    assert w4a16.auto_split(14336, 128, 128, sms) == 8  # 8B down_proj at a 32-column strip
+    assert w4a16.auto_split(14336, 128, 128, sms) == 16  # 8B down_proj at a 32-column strip
     assert w4a16.auto_split(4096, 128, 128, sms) == 8  # o_proj
     assert w4a16.auto_split(2048, 128, 128, sms) == 4  # each split keeps 4 K tiles
-    assert w4a16.auto_split(4096, 896, 128, sms) == 1  # gate_up: already 896 programs
+    assert w4a16.auto_split(4096, 192, 128, sms) == 8  # qkv
+    assert w4a16.auto_split(4096, 896, 128, sms) == 2  # gate_up: already 896 programs
+    assert w4a16.auto_split(4096, 2048, 128, sms) == 1
     assert w4a16.auto_split(4096 + 128, 128, 128, sms) == 1  # K does not halve into whole tiles
 
 
 @pytest.mark.parametrize("case", [(5, 64, 40, 16, 4, True), (17, 48, 32, 48, 4, False),
                                   (9, 32, 24, 8, 8, True), (6, 64, 16, 32, 4, "mins")])  # fmt: skip
 def test_gemm_equals_reference(case) -> None:
-    m, k, n, group, bits, bias = case
-    gen = torch.Generator().manual_seed(m * 1000 + k + n)
-    qw, z, s, _ = _random_weight(k, n, group, bits, gen)
-    x = torch.randn(m, k, generator=gen)
-    b = torch.randn(n, generator=gen) if bias is True else None
-    mn = torch.randn(k // group, n, generator=gen).half() * 0.01 if bias == "mins" else None
-    want = w4a16.reference_matmul(x, qw, z, s, b, group, bits, mn)
-    to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
-    y = w4a16.gemm(to(x), to(qw), to(z), to(s), to(b), group, bits, mins=to(mn))
-    torch.testing.assert_close(y.cpu(), want, rtol=1e-4, atol=1e-4)
+    m, k, n = case[:3]
+    _run(w4a16.gemm, case, m * 1000 + k + n, tol=1e-4)
 
 
 def test_bad_shapes_are_refused() -> None:

@@ -259,13 +259,14 @@ def _num_sms(index: int) -> int:
 
 
 def auto_split(k: int, programs: int, block_k: int, sms: int) -> int:
-    """Split K (a power of two) until about four programs per SM stream the weight: one program
+    """Split K (a power of two) until about eight programs per SM stream the weight: one program
     per strip of N columns leaves a narrow layer (N = 4,096 at a 32-column strip: 128 programs)
     with one program per SM, too few loads in flight to draw HBM's bandwidth. Each split keeps
-    at least four K tiles, and K must divide evenly."""
+    at least four K tiles, and K must divide evenly. ``benchmarks/w4a16_bench.py`` sweeps
+    ``split_k``; BENCHMARKS.md gives the figures this rule was read from."""
     split = 1
     while (
-        programs * split < 4 * sms
+        programs * split < 8 * sms
         and k % (2 * split * block_k) == 0
         and k // (2 * split) >= 4 * block_k
     ):
