@@ -13,9 +13,10 @@ Every request sets ``ignore_eos`` and ``return_token_ids``, so each generated to
 as its own chunk and TTFT/ITL are per token even when a token has no text. Each point uses its own seed:
 "unique" prompts never repeat across points. GPU memory is polled with nvidia-smi while each server
 runs (peak per configuration). ``--offline`` also runs the unique workload through ``LLM.generate``
-with ``max_num_seqs`` equal to the highest concurrency, in a fresh process, for the server's share of
-the offline engine's throughput. Results: one JSON per point (``fulcrum bench serve``'s format) and
-``summary.json`` under ``--out``; ``--plot-only`` draws the overlays from them (matplotlib).
+with ``max_num_seqs`` equal to the highest concurrency, in a fresh process and the first fulcrum
+configuration's dtype, for the server's share of the offline engine's throughput. Results: one
+JSON per point (``fulcrum bench serve``'s format) and ``summary.json`` under ``--out``;
+``--plot-only`` draws the overlays from them (matplotlib).
 
     python benchmarks/server_h200.py --out DIR [--configs bf16:on,bf16:off,fp8:on,fp8:off]
         [--traffic unique,prefix] [--conc 1,10,50,100] [--offline] [--trace] [--deadline S]
@@ -206,15 +207,17 @@ def bench_point(
     return doc["points"][0]
 
 
-def offline_point(args: argparse.Namespace, conc: int, path: str) -> dict:
-    """The unique workload through LLM.generate in its own process (seeded token-id prompts)."""
+def offline_point(args: argparse.Namespace, conc: int, path: str, dtype: str = "bf16") -> dict:
+    """The unique workload through LLM.generate in its own process (seeded token-id prompts),
+    in ``dtype`` (bf16, or fp8: FP8 weights and KV cache, as the server's fp8 configurations)."""
     n = PROMPTS.get(conc, 2 * conc)
+    fp8 = ', quantization="fp8", kv_cache_dtype="fp8"' if dtype == "fp8" else ""
     code = f"""
 import json, random, time
 from fulcrum import LLM, SamplingParams
 llm = LLM({args.model!r}, tokenizer={args.tokenizer!r}, load_format="dummy", dtype="bfloat16",
           max_model_len=4096,
-          max_num_seqs={conc}, enable_prefix_caching=False)
+          max_num_seqs={conc}, enable_prefix_caching=False{fp8})
 rng = random.Random(7)
 prompts = [[rng.randrange(100, 40000) for _ in range(1000)] for _ in range({n} + 8)]
 sp = SamplingParams(max_tokens=200, ignore_eos=True, temperature=0)
@@ -396,7 +399,11 @@ def main() -> int:
         json.dump(summary, open(sum_path, "w"), indent=1)
     if args.offline and not (args.deadline and time.monotonic() - t_start > args.deadline):
         top = max(concs)
-        summary["offline"] = offline_point(args, top, os.path.join(args.out, "offline.json"))
+        # the offline run matches the first fulcrum configuration's dtype
+        dtype = next((c.split(":")[0] for c in args.configs.split(",") if not c.startswith("vllm")),
+                     "bf16")
+        summary["offline"] = offline_point(args, top, os.path.join(args.out, "offline.json"), dtype)
+        summary["offline"]["dtype"] = dtype
         print(f"offline c={top}: {json.dumps(summary['offline'])}", flush=True)
         json.dump(summary, open(sum_path, "w"), indent=1)
     return 0

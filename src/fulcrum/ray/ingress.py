@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from fulcrum.ray.messages import ProxiedRequest, ResponseHead
 from fulcrum.ray import request_router
+from fulcrum.ray.messages import ProxiedRequest, ResponseHead
 from fulcrum.router.shape import prompt_text
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,6 @@ from fulcrum.sampling_params import StructuredOutputsParams
 from fulcrum.structured.backend import CompiledGrammar, GrammarBackend, GrammarMatcher
 from fulcrum.structured.grammars import build_grammar
 
-
 _BATCH_FILL_MIN_ROWS = 4  # below this, thread hand-off costs more than it spreads
 
 
