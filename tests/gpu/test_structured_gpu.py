@@ -18,17 +18,21 @@ pytestmark = [
 ]
 
 
+@pytest.mark.parametrize("free_row", [2, None])  # some rows masked (a row list), or every row
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_apply_bitmask_cuda_equals_cpu(dtype: torch.dtype) -> None:
+def test_apply_bitmask_cuda_equals_cpu(dtype: torch.dtype, free_row: int | None) -> None:
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 1000, generator=g).to(dtype)
     mask = np.random.default_rng(0).integers(-(2**31), 2**31, size=(5, 32), dtype=np.int64)
     mask = mask.astype(np.int32)
-    mask[2] = -1  # an unconstrained row stays untouched
+    mask[mask == -1] = 0
+    if free_row is not None:
+        mask[free_row] = -1  # an unconstrained row stays untouched
     cpu = apply_bitmask(logits.clone(), mask)
     gpu = apply_bitmask(logits.cuda(), mask).cpu()
     assert torch.equal(cpu, gpu)
-    assert torch.equal(gpu[2], logits[2])
+    if free_row is not None:
+        assert torch.equal(gpu[free_row], logits[free_row])
 
 
 @pytest.mark.skipif(

@@ -23,3 +23,15 @@ def test_apply_bitmask_matches_reference() -> None:
         out = apply_bitmask(logits.clone(), mask)
         assert torch.equal(out, _reference(logits, mask))
         assert torch.equal(out[1], logits[1])
+
+
+def test_every_row_masked_and_none() -> None:
+    """Every row constrained (no row list passed down) and no row constrained (logits as they
+    were)."""
+    rng = np.random.default_rng(2)
+    logits = torch.randn(3, 100)
+    mask = rng.integers(-(2**31), 2**31, size=(3, 4), dtype=np.int64).astype(np.int32)
+    mask[mask == -1] = 0
+    assert torch.equal(apply_bitmask(logits.clone(), mask), _reference(logits, mask))
+    free = np.full((3, 4), -1, dtype=np.int32)
+    assert torch.equal(apply_bitmask(logits.clone(), free), logits)

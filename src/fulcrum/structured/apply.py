@@ -12,15 +12,21 @@ import torch
 def apply_bitmask(logits: torch.Tensor, bitmask: np.ndarray) -> torch.Tensor:
     """``logits`` [rows, V] masked by ``bitmask`` [rows, ceil(V/32)] (host int32), in place
     when the dtype allows (xgrammar needs float32/16/bf16 and contiguous rows)."""
-    rows = np.flatnonzero((bitmask != -1).any(axis=1)).tolist()
-    if not rows:
+    rows = np.flatnonzero((bitmask != -1).any(axis=1))
+    if not len(rows):
         return logits
     if not logits.is_contiguous():
         logits = logits.contiguous()
     mask = torch.from_numpy(bitmask)
+    indices: list[int] | torch.Tensor | None = None if len(rows) == len(bitmask) else rows.tolist()
     if logits.device.type == "cuda":
+        # Both copies from pinned memory: a copy from pageable memory may wait for the stream,
+        # i.e. for the forward this host work is meant to overlap.
         mask = mask.pin_memory().to(logits.device, non_blocking=True)
+        if indices is not None:
+            indices = torch.from_numpy(rows.astype(np.int32)).pin_memory()
+            indices = indices.to(logits.device, non_blocking=True)
     import xgrammar as xgr
 
-    xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=logits.shape[-1], indices=rows)
+    xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=logits.shape[-1], indices=indices)
     return logits
