@@ -27,7 +27,6 @@ with the host, so the whole call can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -311,11 +310,6 @@ class DecodeWorkspace:
         return part_out, part_lse
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def default_num_splits(
     num_reqs: int, num_kv_heads: int, device: torch.device, max_splits: int = MAX_SPLITS
 ) -> int:
@@ -329,7 +323,7 @@ def default_num_splits(
     """
     if device.type != "cuda":
         return 2
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    sms = pdl.sm_count(device.index if device.index is not None else torch.cuda.current_device())
     want = math.ceil(2 * sms / max(1, num_reqs * num_kv_heads))
     return max(1, min(max_splits, triton.next_power_of_2(want)))
 

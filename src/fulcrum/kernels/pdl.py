@@ -61,6 +61,11 @@ def _device(index: int) -> tuple[bool, int]:
     return props.major >= 9, props.multi_processor_count
 
 
+def sm_count(index: int) -> int:
+    """Streaming multiprocessors of CUDA device ``index`` (grids are sized against it)."""
+    return _device(index)[1]
+
+
 def mode(t: torch.Tensor, programs: int, cfg: PdlConfig = DEFAULT, early: bool = False) -> int:
     """The PDL mode of a launch of ``programs`` programs on ``t``'s device under ``cfg``;
     ``early``: release the next kernel early whatever the grid's size (the batch-1 GEMV: every

@@ -22,11 +22,11 @@ contiguous; the caller permutes x's columns the same way.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
+
+from fulcrum.kernels.pdl import sm_count
 
 # (block_n, block_k, num_warps) on CUDA; not tuned (benchmarks/w4a16_bench.py sweeps them)
 GEMV_CONFIG = (32, 256, 4)
@@ -253,11 +253,6 @@ def _operands(x, qweight, zeros, scales, mins, group, bits) -> tuple[torch.Tenso
     return x, torch.empty((m, n), dtype=x.dtype, device=x.device)
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def auto_split(k: int, programs: int, block_k: int, sms: int) -> int:
     """Split K (a power of two) until about eight programs per SM stream the weight: one program
     per strip of N columns leaves a narrow layer (N = 4,096 at a 32-column strip: 128 programs)
@@ -301,7 +296,7 @@ def gemv(
     if len(cfg) > 3:
         split = cfg[3]
     else:
-        split = auto_split(k, programs, block_k, _num_sms(x.device.index or 0)) if x.is_cuda else 1
+        split = auto_split(k, programs, block_k, sm_count(x.device.index)) if x.is_cuda else 1
     if split < 1 or k % (split * block_k):
         raise ValueError(f"w4a16: split_k {split} x block_k {block_k} does not divide K = {k}")
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)

@@ -18,14 +18,14 @@ def apply_bitmask(logits: torch.Tensor, bitmask: np.ndarray) -> torch.Tensor:
     if not logits.is_contiguous():
         logits = logits.contiguous()
     mask = torch.from_numpy(bitmask)
-    indices: list[int] | torch.Tensor | None = None if len(rows) == len(bitmask) else rows.tolist()
+    # no row list where every row is masked; else the rows, on the logits' device
+    indices = None if len(rows) == len(bitmask) else torch.from_numpy(rows.astype(np.int32))
     if logits.device.type == "cuda":
         # Both copies from pinned memory: a copy from pageable memory may wait for the stream,
         # i.e. for the forward this host work is meant to overlap.
         mask = mask.pin_memory().to(logits.device, non_blocking=True)
         if indices is not None:
-            indices = torch.from_numpy(rows.astype(np.int32)).pin_memory()
-            indices = indices.to(logits.device, non_blocking=True)
+            indices = indices.pin_memory().to(logits.device, non_blocking=True)
     import xgrammar as xgr
 
     xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=logits.shape[-1], indices=indices)

@@ -4,7 +4,6 @@ be larger than the tokenizer's: the padding ids are never allowed)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -51,11 +50,11 @@ class XgrammarBackend(GrammarBackend):
         self.vocab_size = vocab_size
         # One thread per compile: the manager's pool runs compiles side by side.
         self.compiler = xgr.GrammarCompiler(info, max_threads=1)
-        # A step's rows are filled by C++ threads, outside the GIL: ~0.1 ms a row for a JSON
-        # schema over a 128k vocabulary, so a batch of 64 filled one row at a time would outlast
-        # the forward it is meant to hide behind. Half the cores, as xgrammar's default; the
-        # other half keep the engine loop, the compiles and the API process running.
-        self._batch = xgr.BatchGrammarMatcher(max_threads=max(1, (os.cpu_count() or 2) // 2))
+        # A step's rows are filled by C++ threads, outside the GIL: the fill must finish while
+        # the device runs the step's forward, and row by row its cost grows with the batch.
+        # xgrammar's default takes half the cores; the rest keep the engine loop, the compiles
+        # and the API process running.
+        self._batch = xgr.BatchGrammarMatcher()
 
     def fill_bitmasks(
         self, matchers: list[GrammarMatcher], bitmask: np.ndarray, rows: list[int]
