@@ -21,6 +21,10 @@ JSON per point (``fulcrum bench serve``'s format) and ``summary.json`` under ``-
     python benchmarks/server_h200.py --out DIR [--configs bf16:on,bf16:off,fp8:on,fp8:off]
         [--traffic unique,prefix] [--conc 1,10,50,100] [--offline] [--trace] [--deadline S]
 
+``--via-router`` also runs every point through ``fulcrum router`` (round robin, one worker) in front
+of the same server, with its own seed, for the router's added TTFT and its share of the throughput
+(``<point>-router`` in ``summary.json``).
+
 ``--trace`` sets ``FULCRUM_STEP_TRACE`` for the servers (per-step timelines, see
 ``fulcrum.engine.step_trace``) and summarises where slow tokens spent their time.
 """
@@ -151,6 +155,29 @@ def start_server(args: argparse.Namespace, cfg: str, log_path: str, trace: str |
     raise RuntimeError(f"server {cfg} not ready in 600 s")
 
 
+def start_router(worker: str, log_path: str):
+    """``fulcrum router`` in front of one worker; (process, log, its URL) once it answers."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "fulcrum.entrypoints.cli", "router", "--port", str(port),
+           "--worker", worker, "--policy", "round_robin", "--log-level", "warning"]
+    log = open(log_path, "w")  # noqa: SIM115 - closed by stop_server
+    proc = subprocess.Popen(cmd, env=env_with_src(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"router exited with {proc.returncode}; see {log_path}")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return proc, log, url
+        except OSError:
+            time.sleep(0.25)
+    proc.kill()
+    raise RuntimeError("router not ready in 60 s")
+
+
 def stop_server(proc: subprocess.Popen, log) -> None:
     def signal_group(sig: int) -> None:
         try:
@@ -205,6 +232,21 @@ def bench_point(
     with open(result) as fh:
         doc = json.load(fh)
     return doc["points"][0]
+
+
+def point_row(p: dict) -> dict:
+    server = p.get("server") or {}
+    return {
+        "out_tok_s": p["output_throughput"],
+        "total_tok_s": p["total_token_throughput"],
+        "ttft_p50_ms": p["ttft_ms"]["p50"],
+        "ttft_p95_ms": p["ttft_ms"]["p95"],
+        "tpot_p50_ms": p["tpot_ms"]["p50"],
+        "itl_p95_ms": p["itl_ms"]["p95"],
+        "hit_rate": server.get("prefix_cache_hit_rate"),
+        "completed": p["completed"],
+        "failed": p.get("failed", 0),
+    }
 
 
 def offline_point(args: argparse.Namespace, conc: int, path: str, dtype: str = "bf16") -> dict:
@@ -341,6 +383,10 @@ def main() -> int:
     ap.add_argument("--num-prompts", type=int, default=0, help="Requests per point (default: by c).")
     ap.add_argument("--offline", action="store_true", help="Also run the offline engine (unique).")
     ap.add_argument("--trace", action="store_true", help="Step traces of the servers.")
+    ap.add_argument(
+        "--via-router", action="store_true",
+        help="Also run each point through `fulcrum router` in front of the same fulcrum server.",
+    )
     ap.add_argument("--deadline", type=float, default=0, help="Skip points after this many s.")
     ap.add_argument(
         "--plot-only", action="store_true",
@@ -367,30 +413,29 @@ def main() -> int:
             proc, log, url, cold = start_server(args, cfg, os.path.join(args.out, f"{tag}.log"), trace)
             entry["cold_start_s"] = cold
             print(f"{cfg}: ready in {cold:.1f} s", flush=True)
+            router = None
             try:
+                if args.via_router and not cfg.startswith("vllm"):
+                    router = start_router(url, os.path.join(args.out, f"{tag}-router.log"))
                 for ti, traffic in enumerate(args.traffic.split(",")):
                     for conc in concs:
                         if args.deadline and time.monotonic() - t_start > args.deadline:
                             break
-                        res = os.path.join(args.out, f"{tag}-{traffic}-c{conc}.json")
                         seed = 1000 * conc + 100 * ti + ci
-                        p = bench_point(args, cfg, url, traffic, conc, seed, res, os.path.join(args.out, "bench.log"))
-                        server = p.get("server") or {}
-                        row = {
-                            "out_tok_s": p["output_throughput"],
-                            "total_tok_s": p["total_token_throughput"],
-                            "ttft_p50_ms": p["ttft_ms"]["p50"],
-                            "ttft_p95_ms": p["ttft_ms"]["p95"],
-                            "tpot_p50_ms": p["tpot_ms"]["p50"],
-                            "itl_p95_ms": p["itl_ms"]["p95"],
-                            "hit_rate": server.get("prefix_cache_hit_rate"),
-                            "completed": p["completed"],
-                            "failed": p.get("failed", 0),
-                        }
-                        entry["points"][f"{traffic}-c{conc}"] = row
-                        print(f"{cfg} {traffic} c={conc}: {json.dumps(row)}", flush=True)
-                        json.dump(summary, open(sum_path, "w"), indent=1)
+                        runs = [("", url, seed)]
+                        if router is not None:  # same traffic shape, its own prompts
+                            runs.append(("-router", router[2], seed + 50))
+                        for suffix, base, sd in runs:
+                            res = os.path.join(args.out, f"{tag}-{traffic}-c{conc}{suffix}.json")
+                            p = bench_point(args, cfg, base, traffic, conc, sd, res,
+                                            os.path.join(args.out, "bench.log"))
+                            row = point_row(p)
+                            entry["points"][f"{traffic}-c{conc}{suffix}"] = row
+                            print(f"{cfg} {traffic} c={conc}{suffix}: {json.dumps(row)}", flush=True)
+                            json.dump(summary, open(sum_path, "w"), indent=1)
             finally:
+                if router is not None:
+                    stop_server(router[0], router[1])
                 stop_server(proc, log)
         entry["peak_gpu_mib"] = mem.peak_mib
         if trace:
