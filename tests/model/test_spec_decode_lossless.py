@@ -150,6 +150,23 @@ def test_async_scheduling_on(tiny_models, base):
     _check_idle(llm)
 
 
+def test_async_overlap_past_disable_by_batch_size(tiny_models, base):
+    """Past ``disable_by_batch_size`` no request guesses, so steps overlap; once the batch
+    shrinks to it, steps run one at a time again and guesses resume. Tokens stay the same."""
+    prompts = _prompts(7)
+    params = [
+        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        for n in (28, 24, 6, 6, 5, 5, 4)
+    ]
+    ref = _toks(base.generate(prompts, params, use_tqdm=False))
+    spec = {**SPECS["ngram"], "disable_by_batch_size": 2}
+    llm = LLM(tiny_models["llama"], speculative_config=spec, async_scheduling="on", **KW)
+    assert _toks(llm.generate(prompts, params, use_tqdm=False)) == ref
+    assert llm.core.num_overlapped_steps > 0  # while more than two requests ran
+    assert llm.core.scheduler.spec_stats.num_drafts > 0  # once two or fewer were left
+    _check_idle(llm)
+
+
 COPY_TEXT = (
     "def area(width, height):\n    return width * height\n\n"
     "def perimeter(width, height):\n    return 2 * (width + height)\n"

@@ -13,7 +13,8 @@ structured output, step N+1's grammar bitmask needs step N's token: the runner l
 forward, then the core collects N (advancing the matchers) and fills the bitmask while the device
 runs the forward, and only then is N+1 sampled. The core
 falls back to one step at a time while a running request's sampling needs host-side history
-(penalties, min_tokens).
+(penalties, min_tokens), after a verify step, and while the next step may guess (speculation in
+a batch no larger than ``disable_by_batch_size``).
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class EngineCore:
         self.last_batch: tuple[int, int, int] = (0, 0, 0)
         self.async_scheduling = config.async_scheduling
         self._inflight: tuple[SchedulerOutput, StepHandle] | None = None
+        self.num_overlapped_steps = 0  # steps scheduled before the previous one was collected
 
     @property
     def num_kv_tokens(self) -> int:
@@ -120,9 +122,11 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         prev, self._inflight = self._inflight, None
         outputs: list[EngineCoreOutput] = []
-        if prev is not None and not self._may_overlap():
+        if prev is not None and not self._may_overlap(prev[0]):
             outputs += self._collect(prev)
             prev = None
+        elif prev is not None:
+            self.num_overlapped_steps += 1
         sched_out = self.scheduler.schedule()
         self.last_batch = (
             sched_out.num_batched_tokens,
@@ -162,8 +166,14 @@ class EngineCore:
         self.num_steps += 1
         return EngineCoreOutputs(outputs=outputs, stats=self.get_stats(), timestamp=time.time())
 
-    def _may_overlap(self) -> bool:
-        return self.async_scheduling and self.scheduler.overlap_safe()
+    def _may_overlap(self, inflight: SchedulerOutput) -> bool:
+        # A verify step's kept guesses are unknown until it is collected: the next step's
+        # positions depend on them.
+        return (
+            self.async_scheduling
+            and not inflight.scheduled_spec_decode_tokens
+            and self.scheduler.overlap_safe()
+        )
 
     def _collect(self, inflight: tuple[SchedulerOutput, StepHandle]) -> list[EngineCoreOutput]:
         sched_out, handle = inflight

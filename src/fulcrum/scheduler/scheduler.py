@@ -146,9 +146,16 @@ class Scheduler:
 
     def overlap_safe(self) -> bool:
         """No running request's sampling needs host-side history (penalties, min_tokens), so
-        the next step may be scheduled before this one's tokens are known. Never with
-        speculation: the next step's guesses follow this step's tokens."""
-        return self.proposer is None and all(r.overlap_safe for r in self.running)
+        the next step may be scheduled before this one's tokens are known. With speculation,
+        only where the next step makes no guesses anyway: n-gram and suffix guesses follow the
+        last token, and a batch larger than ``disable_by_batch_size`` gets none. A draft model
+        reads every token from the host, so it never overlaps."""
+        if not all(r.overlap_safe for r in self.running):
+            return False
+        sc = self.spec_config
+        return sc is None or (
+            sc.method != "draft_model" and len(self.running) > sc.disable_by_batch_size
+        )
 
     # -- scheduling ---------------------------------------------------------------------------
 
