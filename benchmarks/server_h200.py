@@ -129,16 +129,29 @@ def start_server(args: argparse.Namespace, cfg: str, log_path: str, trace: str |
     cmd, env = server_command(args, cfg, port)
     if trace and not cfg.startswith("vllm"):
         env["FULCRUM_STEP_TRACE"] = trace
+    return launch(cmd, env, port, log_path, f"server {cfg}")
+
+
+def start_router(worker: str, log_path: str):
+    """``fulcrum router`` in front of one worker, once a completion through it is answered."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "fulcrum.entrypoints.cli", "router", "--port", str(port),
+           "--worker", worker, "--policy", "round_robin", "--log-level", "warning"]
+    return launch(cmd, env_with_src(), port, log_path, "router")[:3]
+
+
+def launch(cmd: list[str], env: dict, port: int, log_path: str, what: str):
+    """Start ``cmd`` (serving on ``port``); (process, log, URL, seconds until a one-token
+    completion is answered)."""
     t0 = time.perf_counter()
     log = open(log_path, "w")  # noqa: SIM115 - closed by stop_server
     # its own session: vLLM's engine runs in a child process, stopped with the group
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    body = json.dumps({"model": "x", "prompt": [1, 2, 3], "max_tokens": 1}).encode()
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server {cfg} exited with {proc.returncode}; see {log_path}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log_path}")
         try:
             with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
                 name = json.load(r)["data"][0]["id"]
@@ -152,30 +165,7 @@ def start_server(args: argparse.Namespace, cfg: str, log_path: str, trace: str |
         except OSError:
             time.sleep(0.25)
     proc.kill()
-    raise RuntimeError(f"server {cfg} not ready in 600 s")
-
-
-def start_router(worker: str, log_path: str):
-    """``fulcrum router`` in front of one worker; (process, log, its URL) once it answers."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "fulcrum.entrypoints.cli", "router", "--port", str(port),
-           "--worker", worker, "--policy", "round_robin", "--log-level", "warning"]
-    log = open(log_path, "w")  # noqa: SIM115 - closed by stop_server
-    proc = subprocess.Popen(cmd, env=env_with_src(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"router exited with {proc.returncode}; see {log_path}")
-        try:
-            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
-                if r.status == 200:
-                    return proc, log, url
-        except OSError:
-            time.sleep(0.25)
-    proc.kill()
-    raise RuntimeError("router not ready in 60 s")
+    raise RuntimeError(f"{what} not ready in 600 s")
 
 
 def stop_server(proc: subprocess.Popen, log) -> None:
