@@ -136,11 +136,9 @@ def test_embedded_model_tp3_and_refusals(smollm_dir):
         llm.core.shutdown()
 
 
-def test_unsupported_architecture_and_quantization_refused(tiny_models):
+def test_unsupported_architecture_and_draft_model_refused(tiny_models):
     with pytest.raises(ValueError, match="MixtralForCausalLM does not support tensor parallelism"):
         LLM(tiny_models["mixtral"], tensor_parallel_size=2, **ENGINE)
-    with pytest.raises(ValueError, match="quantization=gguf is not supported with tensor paral"):
-        LLM(tensor_parallel_size=3, quantization="gguf", **ENGINE)  # the embedded GGUF file
     with pytest.raises(ValueError, match='"draft_model" is not supported with tensor_parallel'):
         LLM(
             tiny_models["llama"],

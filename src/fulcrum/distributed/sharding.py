@@ -1,7 +1,8 @@
 """Each rank's slice of each checkpoint tensor, read lazily (safetensors' ``get_slice`` reads
 only those bytes). The layout is ``layers.py``'s: column-parallel projections split their
 output rows, row-parallel ones their input columns, the vocabulary tables their rows; GPTQ and
-AWQ's packed tensors as ``packed_shards.py`` says."""
+AWQ's packed tensors as ``packed_shards.py`` says (GGUF's blocks: ``gguf_shards.py``, through
+the rules here)."""
 
 from __future__ import annotations
 
@@ -79,7 +80,10 @@ class ShardSpec:
         slice (both take ``[a:b]`` and ``[:, a:b]``)."""
         if name.endswith(("embed_tokens.weight", "lm_head.weight")):
             return self._vocab_rows(src)
-        if self.packed is not None and (t := packed_slice(self, self.packed, name, src)) is not None:
+        if (
+            self.packed is not None
+            and (t := packed_slice(self, self.packed, name, src)) is not None
+        ):
             return t
         if ".qkv_proj." in name or ".gate_up_proj." in name:  # already fused (Phi-3)
             return self._fused(name, whole(src))

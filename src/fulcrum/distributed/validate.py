@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from fulcrum.config import ModelConfig, ParallelConfig
+from fulcrum.distributed.gguf_shards import check_gguf_shards
 from fulcrum.distributed.packed_shards import check_packed_shards
 from fulcrum.distributed.sharding import ShardSpec
 
@@ -16,12 +17,6 @@ TP_ARCHITECTURES = (
     "Qwen3ForCausalLM",
     "Phi3ForCausalLM",
 )
-# GGUF's blocks load on one rank only (its converted checkpoint is not sliced per rank). FP8
-# shards: a row-parallel rank scales its slice of each row (and of each token's activation) by
-# that slice's own maximum, which is as close to the float weights as one rank's scaling, not
-# bit-equal to it. GPTQ and AWQ shard exactly (packed_shards.py), where the slices fall on
-# word and group boundaries.
-_UNSHARDED_QUANT = ("gguf",)
 
 
 def validate_parallel(pc: ParallelConfig, mc: ModelConfig, device: torch.device) -> None:
@@ -49,14 +44,18 @@ def validate_parallel(pc: ParallelConfig, mc: ModelConfig, device: torch.device)
         )
     if int(c.intermediate_size) % tp:
         raise ValueError(f"{where} does not divide intermediate_size={c.intermediate_size}.")
-    if mc.quantization in _UNSHARDED_QUANT:
-        raise ValueError(
-            f"{where}: quantization={mc.quantization} is not supported with tensor parallelism "
-            "yet; run it on one rank, or use unquantized weights."
-        )
+    # Every quantization shards. FP8: a row-parallel rank scales its slice of each row (and of
+    # each token's activation) by that slice's own maximum, as close to the float weights as one
+    # rank's scaling, not bit-equal to it. GPTQ and AWQ (packed_shards.py) and GGUF's packed
+    # blocks (gguf_shards.py) shard exactly where the slices fall on word, group and block
+    # boundaries, which these checks require.
     spec = ShardSpec.from_hf(c, 0, tp, mc.quantization)
     if spec.packed is not None:
         check_packed_shards(spec, spec.packed, where)
+    if mc.quantization == "gguf":  # the blocks' types are the file's, per tensor
+        from fulcrum.model.loader.gguf_loader import projection_types
+
+        check_gguf_shards(spec, projection_types(mc.model), where)
     backend = pc.backend(device)
     if backend == "nccl" and device.type != "cuda":
         raise ValueError(f"distributed_backend=nccl needs CUDA devices, got device={device}.")

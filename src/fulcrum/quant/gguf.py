@@ -4,7 +4,9 @@ once at load into a kernel's layout instead of being dequantized to full precisi
 The loader hands a layer each shard's raw blocks (:class:`GgufBlocks`, one per GGUF tensor of
 a fused projection). Files mix types within a layer (a Q4_K_M file keeps ``attn_v`` in Q6_K
 beside Q4_K ``attn_q``/``attn_k``), so a layer holds one *part* per run of output columns of
-one type, each with its own kernels; a layer of one type (most) has one part.
+one type, each with its own kernels; a layer of one type (most) has one part. Under tensor
+parallelism a rank's shards are its slices of whole blocks (``distributed/gguf_shards.py``),
+which repack into exactly the matching slices of one rank's layout.
 
 llama.cpp's small blocks map onto ``w4a16.py``'s ``w = (q - zero) * scale (+ min)`` per group
 of 32 input rows::

@@ -10,6 +10,7 @@ beside them only when a load needs them dequantized (``convert_gguf``). A packed
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -17,11 +18,16 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from fulcrum import envs
+
+if TYPE_CHECKING:
+    from fulcrum.distributed.sharding import ShardSpec
 
 logger = logging.getLogger(__name__)
 
@@ -74,14 +80,39 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def read_gguf_tensors(path: str, arch: str, n_head: int, n_kv_head: int, skip=None):
+class _Rows:
+    """A GGUF tensor that dequantizes only the rows asked for (``[a:b]``, ``[:]``, ``[:, a:b]``),
+    as ``ShardSpec`` reads a tensor-parallel rank's part; llama.cpp's Q/K row order is undone on
+    those rows (whole heads: each head's rows are permuted among themselves)."""
+
+    def __init__(self, t: Any, heads: int | None) -> None:  # t: a gguf ReaderTensor
+        self.t, self.heads = t, heads
+
+    def __getitem__(self, idx: slice | tuple[slice, ...]) -> torch.Tensor:
+        import gguf
+
+        rows, *cols = idx if isinstance(idx, tuple) else (idx,)
+        data = self.t.data[rows]
+        w = gguf.quants.dequantize(data, self.t.tensor_type).astype(np.float32)
+        if self.heads is not None:
+            w = _unpermute(w, self.heads * len(data) // len(self.t.data))
+        return torch.from_numpy(np.ascontiguousarray(w[(slice(None), *cols)]))
+
+
+def read_gguf_tensors(
+    path: str,
+    arch: str,
+    n_head: int,
+    n_kv_head: int,
+    skip: Callable[[str], bool] | None = None,
+    shard: Callable[[str, Any], torch.Tensor] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (hf_name, float32 tensor) for every tensor of the file (but those whose name
-    ``skip(hf_name)`` is true, which are not dequantized)."""
-    import gguf
+    ``skip(hf_name)`` is true, which are not dequantized); ``shard(name, rows)``: only the part
+    a tensor-parallel rank holds is dequantized."""
     from tqdm.auto import tqdm
 
-    reader = gguf.GGUFReader(path)
-    for t in tqdm(reader.tensors, desc="Dequantizing GGUF", unit="tensor", leave=False):
+    for t in tqdm(_reader(path).tensors, desc="Dequantizing GGUF", unit="tensor", leave=False):
         name = _hf_name(t.name)
         if name is None:
             if t.name.startswith("rope_freqs"):
@@ -89,12 +120,16 @@ def read_gguf_tensors(path: str, arch: str, n_head: int, n_kv_head: int, skip=No
             raise ValueError(f"model: GGUF tensor {t.name!r} is not supported.")
         if skip is not None and skip(name):
             continue
-        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            w = _unpermute(w, n_head)
-        elif arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            w = _unpermute(w, n_kv_head)
-        yield name, torch.from_numpy(np.ascontiguousarray(w))
+        rows = _Rows(t, _permuted_heads(arch, name, n_head, n_kv_head))
+        yield name, rows[:] if shard is None else shard(name, rows)
+
+
+def _permuted_heads(arch: str, name: str, n_head: int, n_kv_head: int) -> int | None:
+    """The heads of a tensor whose rows llama.cpp permuted for its rotary layout (None: none)."""
+    if arch != "llama":
+        return None
+    proj = name.split(".")[-2]
+    return {"q_proj": n_head, "k_proj": n_kv_head}.get(proj)
 
 
 _META_MARK, _WEIGHTS_MARK = "fulcrum_metadata.json", "fulcrum_converted.json"
@@ -137,6 +172,15 @@ def gguf_metadata_dir(path: str) -> str:
 
 
 def _reader(path: str):
+    """The file's reader, shared by the start-up checks and the loads of this process: parsing
+    the header walks every metadata value (the whole vocabulary) in Python, seconds for a
+    large tokenizer. The reader maps the file; its tensors are read only where used."""
+    st = os.stat(path)
+    return _open_reader(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _open_reader(path: str, size: int, mtime_ns: int):
     import gguf
 
     return gguf.GGUFReader(path)
@@ -169,21 +213,34 @@ def convert_gguf(path: str) -> str:
     return out
 
 
-def iter_gguf_packed(path: str, hf_config):
+def _projections(path: str) -> Iterator[tuple[Any, str]]:
+    """(GGUF tensor, hf name) of every projection weight of the file."""
+    for t in _reader(path).tensors:
+        name = _hf_name(t.name)
+        if name is not None and name.endswith("_proj.weight"):
+            yield t, name
+
+
+def projection_types(path: str) -> list[tuple[str, str, int]]:
+    """``(hf name, GGUF type, input features)`` of every projection weight of the file."""
+    return [(name, t.tensor_type.name, int(t.shape[0])) for t, name in _projections(path)]
+
+
+def iter_gguf_packed(
+    path: str, hf_config: Any, shard: ShardSpec | None = None
+) -> Iterator[tuple[str, Any]]:
     """(name, value) for ``quantization="gguf"``: each projection's raw blocks as
     ``<proj>.blocks`` (``quant/gguf.py``'s ``GgufBlocks``, repacked by the layer once all its
     shards are in), then every other tensor of the file dequantized (embeddings, norms, the LM
-    head): no float32 copy of the projections is made."""
+    head): no float32 copy of the projections is made. ``shard`` (a ``ShardSpec``): only this
+    tensor-parallel rank's blocks and rows are read (``distributed/gguf_shards.py``)."""
     from fulcrum.quant.gguf import PACKED_TYPES, GgufBlocks
 
     arch = hf_config.model_type
     n_head = hf_config.num_attention_heads
     n_kv = getattr(hf_config, "num_key_value_heads", None) or n_head
     packed: set[str] = set()
-    for t in _reader(path).tensors:
-        name = _hf_name(t.name)
-        if name is None or not name.endswith("_proj.weight"):
-            continue
+    for t, name in _projections(path):
         type_name = t.tensor_type.name
         if type_name not in PACKED_TYPES:
             raise ValueError(
@@ -193,9 +250,13 @@ def iter_gguf_packed(path: str, hf_config):
             )
         k, n = (int(v) for v in t.shape[:2])
         data = np.asarray(t.data).reshape(n, -1)  # one output row's blocks a row
-        heads = {"q_proj": n_head, "k_proj": n_kv}.get(name.split(".")[-2])
-        if arch == "llama" and heads is not None:  # llama.cpp's rotary row order, undone
-            data = _unpermute(data, heads)
+        if shard is not None:  # a view of the memory map: only the slice's bytes are read
+            from fulcrum.distributed.gguf_shards import block_slice
+
+            data, n, k = block_slice(shard, name, type_name, data, k)
+        heads = _permuted_heads(arch, name, n_head, n_kv)
+        if heads is not None:  # llama.cpp's rotary row order, undone on whole heads
+            data = _unpermute(data, heads * n // int(t.shape[1]))
         yield name.removesuffix(".weight") + ".blocks", GgufBlocks(type_name, data, n, k)
         packed.add(name)
-    yield from read_gguf_tensors(path, arch, n_head, n_kv, skip=packed.__contains__)
+    yield from read_gguf_tensors(path, arch, n_head, n_kv, packed.__contains__, shard)

@@ -132,15 +132,16 @@ def load_model(
     if mc.load_format == "dummy":
         _init_dummy(model, mc.seed)
     else:
+        shard = _tp_shard(mc)
         if mc.load_format == "gguf":
             from fulcrum.model.loader import gguf_loader
 
             if mc.quantization == "gguf":  # the projections' blocks from the file, kept packed
-                weights = gguf_loader.iter_gguf_packed(mc.model, mc.hf_config)
+                weights = gguf_loader.iter_gguf_packed(mc.model, mc.hf_config, shard)
             else:  # dequantized once into the cache directory
-                weights = iter_safetensors(gguf_loader.convert_gguf(mc.model))
+                weights = iter_safetensors(gguf_loader.convert_gguf(mc.model), shard)
         else:
-            weights = iter_safetensors(mc.weights_path, _tp_shard(mc))
+            weights = iter_safetensors(mc.weights_path, shard)
         loaded = model.load_weights(weights)
         expected = model.expected_weight_count()
         if len(loaded) != expected:
