@@ -9,6 +9,11 @@ one request: (time of 1 + k tokens - time of 1 token) / k).
 
     python benchmarks/tp_bench.py --model llama-3.1-8b --tp 1 2 4 8 [--num-requests 1000]
     python benchmarks/tp_bench.py --model llama-3.3-70b --tp 2 4 8 --json tp70b.json
+
+``--src A B``: the same sizes from each of several source trees (each a folder holding ``src/``
+and ``configs/``, e.g. a ``git worktree`` of an older commit), one after the other in this run:
+tp=1 before and after a change. At tp=1 no ``tensor_parallel_size`` is passed, so a tree from
+before tensor parallelism runs too.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ def one(args: argparse.Namespace) -> dict:
     from fulcrum import LLM, SamplingParams
 
     t0 = time.perf_counter()
+    tp = {} if args.one == 1 else {"tensor_parallel_size": args.one}
     llm = LLM(
-        args.model, load_format="dummy", tensor_parallel_size=args.one,
+        args.model, load_format="dummy", **tp,
         max_num_seqs=args.max_num_seqs, max_model_len=args.input_len + args.output_len + 8,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
@@ -60,6 +66,21 @@ def one(args: argparse.Namespace) -> dict:
     return out
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _label(tree: str) -> str:
+    """The tree's commit where git knows it (a worktree or checkout), else its folder name."""
+    proc = subprocess.run(
+        ["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    rev = proc.stdout.strip() if proc.returncode == 0 else ""
+    stamp = os.path.join(tree, "COMMIT")  # written beside a `git archive` export
+    if not rev and os.path.exists(stamp):
+        rev = open(stamp).read().strip()
+    return rev or os.path.basename(tree)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="llama-3.1-8b", help="a configs/ name (dummy weights)")
@@ -71,6 +92,10 @@ def main() -> None:
     ap.add_argument("--quantization", default="none")
     ap.add_argument("--kv-cache-dtype", default="auto")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument(
+        "--src", nargs="+", default=[REPO],
+        help="source trees to run (folders holding src/ and configs/; default: this checkout)",
+    )
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child: one tp size
     args = ap.parse_args()
     if args.one is not None:
@@ -79,18 +104,24 @@ def main() -> None:
     import torch
 
     rows = []
-    for tp in args.tp:
-        if tp > torch.cuda.device_count():
-            print(f"tp={tp}: skipped ({torch.cuda.device_count()} GPUs)")
-            continue
-        cmd = [sys.executable, __file__, *sys.argv[1:], "--one", str(tp)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
-        found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode or not found:
-            print(f"tp={tp}: failed (code {proc.returncode})\n{proc.stderr[-3000:]}")
-            continue
-        rows.append(json.loads(found[-1][7:]))
-        print(json.dumps(rows[-1]), flush=True)
+    for tree in args.src:
+        tree = os.path.abspath(tree)
+        rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                if p and os.path.abspath(p) != os.path.join(REPO, "src")]  # fmt: skip
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(tree, "src"), *rest]))
+        env.pop("FULCRUM_CONFIGS_DIR", None)  # each tree reads its own configs/
+        for tp in args.tp:
+            if tp > torch.cuda.device_count():
+                print(f"tp={tp}: skipped ({torch.cuda.device_count()} GPUs)")
+                continue
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--one", str(tp)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode or not found:
+                print(f"{tree} tp={tp}: failed (code {proc.returncode})\n{proc.stderr[-3000:]}")
+                continue
+            rows.append(dict(json.loads(found[-1][7:]), src=_label(tree)))
+            print(json.dumps(rows[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
