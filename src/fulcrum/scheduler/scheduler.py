@@ -375,6 +375,7 @@ class Scheduler:
         results: list[EngineCoreOutput] = []
         k = row = 0
         reqs = self._steps.pop(out.step_id, [])
+        advanced = self._advance_matchers(reqs, out, sampled, num_tokens)
         for req, samples in zip(reqs, out.samples, strict=True):
             if not samples:
                 continue  # a prefill chunk: nothing sampled
@@ -397,8 +398,9 @@ class Scheduler:
             for tok in toks:
                 req.append_token(tok)
                 new.append(tok)
-                if req.matcher is not None and not req.matcher.accept_token(tok):
-                    logger.warning("request %s: token %d rejected by its grammar", req.key, tok)
+                if req.matcher is not None and id(req) not in advanced:
+                    if not req.matcher.accept_token(tok):
+                        logger.warning("request %s: token %d rejected by its grammar", req.key, tok)
                 self.generation_tokens_total += 1
                 finish = self._check_stop(req, tok)
                 if finish is not None:
@@ -418,6 +420,35 @@ class Scheduler:
                 kept_blocks = self.kv.truncate(req.key, req.num_computed_tokens)
                 req.num_runner_blocks = min(req.num_runner_blocks, kept_blocks)
         return results
+
+    def _advance_matchers(
+        self, reqs: list[Request], out: SchedulerOutput, sampled: list[int],
+        num_tokens: list[int] | None,
+    ) -> set[int]:
+        """Advance together the grammars of rows with one new token (every row of a plain decode
+        step); ``update`` then skips their per-token advance. Rows with several tokens (verify
+        steps) advance token by token in ``update``, where a stop may cut the run short. The ids
+        of the advanced requests are returned."""
+        if self.structured is None:
+            return set()
+        matchers, tokens, keys = [], [], []
+        k = row = 0
+        for req, samples in zip(reqs, out.samples, strict=True):
+            if not samples:
+                continue
+            c = num_tokens[row] if num_tokens is not None else 1
+            row += 1
+            if c == 1 and req.matcher is not None and not req.status.finished:
+                matchers.append(req.matcher)
+                tokens.append(sampled[k])
+                keys.append(req)
+            k += c
+        if not matchers:
+            return set()
+        for req, tok, ok in zip(keys, tokens, self.structured.accept(matchers, tokens), strict=True):
+            if not ok:
+                logger.warning("request %s: token %d rejected by its grammar", req.key, tok)
+        return {id(r) for r in keys}
 
     def take_aborted(self) -> list[EngineCoreOutput]:
         """One ``abort`` output per sequence aborted since the last call."""

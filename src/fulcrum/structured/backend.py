@@ -54,3 +54,8 @@ class GrammarBackend(ABC):
         threads (the filling is per-step host work that grows with the batch)."""
         for m, row in zip(matchers, rows, strict=True):
             m.fill_bitmask(bitmask, row)
+
+    def accept_tokens(self, matchers: list[GrammarMatcher], tokens: list[int]) -> list[bool]:
+        """``matchers[i].accept_token(tokens[i])`` for each i; a backend may advance the
+        matchers side by side (one step's advance is host work that grows with the batch)."""
+        return [m.accept_token(t) for m, t in zip(matchers, tokens, strict=True)]

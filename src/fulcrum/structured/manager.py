@@ -62,5 +62,9 @@ class StructuredOutputManager:
             self.backend.fill_bitmasks([matchers[r] for r in rows], mask, rows)  # type: ignore[misc]
         return mask
 
+    def accept(self, matchers: list[GrammarMatcher], tokens: list[int]) -> list[bool]:
+        """Advance each matcher by its token (one step's single-token rows, together)."""
+        return self.backend.accept_tokens(matchers, tokens)
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -13,7 +13,7 @@ from fulcrum.sampling_params import StructuredOutputsParams
 from fulcrum.structured.backend import CompiledGrammar, GrammarBackend, GrammarMatcher
 from fulcrum.structured.grammars import build_grammar
 
-_BATCH_FILL_MIN_ROWS = 4  # below this, thread hand-off costs more than it spreads
+_BATCH_MIN_ROWS = 4  # below this, thread hand-off costs more than it spreads
 
 
 class XgrammarMatcher(GrammarMatcher):
@@ -59,11 +59,19 @@ class XgrammarBackend(GrammarBackend):
     def fill_bitmasks(
         self, matchers: list[GrammarMatcher], bitmask: np.ndarray, rows: list[int]
     ) -> None:
-        if len(matchers) < _BATCH_FILL_MIN_ROWS:
+        if len(matchers) < _BATCH_MIN_ROWS:
             super().fill_bitmasks(matchers, bitmask, rows)
             return
         handles = [m._m for m in matchers]  # type: ignore[attr-defined]
         self._batch.batch_fill_next_token_bitmask(handles, bitmask, rows)
+
+    def accept_tokens(self, matchers: list[GrammarMatcher], tokens: list[int]) -> list[bool]:
+        # A token's advance walks its bytes through the grammar's parser: long tokens of a large
+        # vocabulary cost tens of microseconds each, so a batch's advances go to C++ threads.
+        if len(matchers) < _BATCH_MIN_ROWS:
+            return super().accept_tokens(matchers, tokens)
+        handles = [m._m for m in matchers]  # type: ignore[attr-defined]
+        return [bool(a) for a in self._batch.batch_accept_token(handles, tokens)]
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         return XgrammarCompiled(self.compiler.compile_grammar(build_grammar(params)))
