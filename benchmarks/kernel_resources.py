@@ -10,7 +10,8 @@ loop's SASS, by opcode): a kernel that issues too many per byte is bound by issu
 ``--kernel gemv`` does the same for the batch-1 GEMV (``kernels/gemv.py``, one row of x, K =
 4096) with ``--weight bf16|fp8|fp32`` and configs ``block_n,block_k,num_warps``, and reports the
 K loop's warp instructions per weight byte against what Hopper can issue per byte at 4.28 TB/s
-(132 SMs x 4 schedulers x 1.98 GHz / 4.28e12 B/s = 0.24).
+(132 SMs x 4 schedulers x 1.98 GHz / 4.28e12 B/s = 0.24). ``--kernel w4a16`` reports the same for
+the W4A16 GEMV (``kernels/w4a16.py``, 4-bit weights, group 128).
 
 Arguments are specialised the way Triton's launcher does at run time (pointers and strides
 divisible by 16), or the loads would not be pipelined here while they are on the device.
@@ -34,6 +35,7 @@ from triton.compiler import ASTSource
 from fulcrum.kernels import decode_attention as decode_mod
 from fulcrum.kernels import gemv as gemv_mod
 from fulcrum.kernels import prefill_attention as prefill_mod
+from fulcrum.kernels import w4a16 as w4a16_mod
 
 REGS_PER_SM, SMEM_PER_SM = 65536, 232448
 UNSPECIALISED = {
@@ -171,9 +173,40 @@ def report_gemv(
     )
 
 
+def report_w4a16(
+    cfg: tuple[int, ...], arch: int, bits: int = 4, group: int = 128, one_row: bool = True
+) -> str:
+    """The W4A16 GEMV (``kernels/w4a16.py``, one row of x, split-K partial sums) per weight
+    byte: its K loop unpacks, dequantizes and accumulates each weight in registers."""
+    block_n, block_k, warps = cfg
+    pointers = dict(x_ptr="*bf16", qw_ptr="*i32", z_ptr="*u8", s_ptr="*bf16", m_ptr="*bf16")
+    pointers |= dict(b_ptr="*bf16", out_ptr="*fp32")
+    const = dict(GROUP=group, BITS=bits, HAS_MIN=False, HAS_BIAS=False, SPLIT=2, BLOCK_M=1)
+    const |= dict(BLOCK_N=block_n, BLOCK_K=block_k)
+    if one_row:
+        const.pop("BLOCK_M")
+        k = _compile(w4a16_mod._gemv1_kernel, pointers, const, arch, warps, 1, None)
+    else:
+        k = _compile(w4a16_mod._gemv_kernel, pointers, const, arch, warps, 1, None)
+    regs, spill, sass = _ptxas(k.asm["ptx"], arch)
+    loop = main_loop(sass)
+    per_sm = REGS_PER_SM // (regs * 32 * warps)
+    per_byte = sum(loop.values()) * warps / (block_n * block_k * bits / 8)
+    return (
+        f"w4a16{'-1' if one_row else '  '} bits={bits} group={group} bn={block_n:<3d} bk={block_k:<5d} w={warps}  "
+        f"regs {regs:3d}  spill {spill:4d} B  programs/SM {per_sm}  warps/SM {per_sm * warps:2d}\n"
+        f"        K loop: {sum(loop.values())} instructions per thread per tile, "
+        f"{per_byte:.3f} warp instructions per weight byte (issue limit at full bandwidth "
+        f"{ISSUE_PER_BYTE:.3f}): " + ", ".join(f"{op} {n}" for op, n in loop.most_common(10))
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kernel", choices=["decode", "prefill", "gemv"], default="decode")
+    p.add_argument(
+        "--kernel", choices=["decode", "prefill", "gemv", "w4a16"], default="decode",
+        help="decode / prefill attention, the batch-1 GEMV, or the W4A16 GEMV (group 128)",
+    )
     p.add_argument("--weight", choices=["bf16", "fp8", "fp32"], default="bf16", help="GEMV weight")
     p.add_argument(
         "--silu", action="store_true", help="GEMV: SiLU-and-mul in its epilogue (silu_gemv)"
@@ -194,13 +227,16 @@ def main() -> None:
         nargs="+",
         default=["64,2,3"],
         help="launch configs, each block_n,num_warps,num_stages[,maxnreg] "
-        "(gemv: block_n,block_k,num_warps)",
+        "(gemv, w4a16: block_n,block_k,num_warps)",
     )
     args = p.parse_args()
     for c in args.configs:
         cfg = tuple(int(x) for x in c.split(","))
         if args.kernel == "gemv":
             print(report_gemv(args.weight, cfg, args.arch, args.silu, args.rope))
+        elif args.kernel == "w4a16":
+            print(report_w4a16(cfg, args.arch, one_row=True))
+            print(report_w4a16(cfg, args.arch, one_row=False))
         else:
             print(report(args.kernel, args.kv, cfg, args.arch, args.pre_wait))
 

@@ -5,7 +5,10 @@ comes from HBM, not L2. Reports µs per linear, the floor (packed words + scales
 4.28 TB/s) and the max relative error against dequantize-then-matmul.
 
     python benchmarks/w4a16_bench.py [--m 1 4 16 64 256 1024] [--shapes qkv down ...]
-        [--gemv-configs 32,256,4 ...] [--gemm-configs 64,128,64,4 ...]
+        [--gemv-configs 32,256,4 ...] [--gemv1-configs 256,64,1 ...] [--gemm-configs ...]
+
+``gemv`` is the kernel that dequantizes each weight (any few rows), ``gemv1`` the one-row kernel
+that takes each group's scale and zero out of its sums (what one row runs by default).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ SHAPES = {  # name: (N, K)
 }
 GROUP = 128
 GEMV_CONFIGS = ["32,256,4", "16,512,4", "64,128,4", "32,512,8", "16,256,2"]
+# the one-row kernel (m = 1): block_n, block_k, num_warps[, split_k]
+GEMV1_CONFIGS = ["256,64,1", "128,64,1", "512,32,1", "256,32,1", "128,128,1", "512,64,2"]
 GEMM_CONFIGS = ["64,128,64,4", "128,128,64,8", "32,64,128,4", "16,64,128,4"]
 
 
@@ -57,8 +62,8 @@ def bench_shape(name: str, args: argparse.Namespace) -> None:
     bf16_copies = max(2, -(-2_000_000_000 // (n * k * 2)))
     bfs = [bf16] + [torch.empty_like(bf16).copy_(bf16) for _ in range(bf16_copies - 1)]
 
-    def kernel(fn, cfg):
-        return lambda x, i: fn(x, qws[i], zeros, scales, None, GROUP, 4, cfg)
+    def kernel(fn, cfg, **kw):
+        return lambda x, i: fn(x, qws[i], zeros, scales, None, GROUP, 4, cfg, **kw)
 
     for m in args.m:
         x = torch.randn(m, k, device=dev, dtype=dt)
@@ -69,7 +74,12 @@ def bench_shape(name: str, args: argparse.Namespace) -> None:
         variants = {}
         if m <= 16:
             for c in args.gemv_configs:
-                variants[f"gemv {c}"] = (kernel(w4a16.gemv, tuple(map(int, c.split(",")))), copies)
+                cfg = tuple(map(int, c.split(",")))
+                variants[f"gemv {c}"] = (kernel(w4a16.gemv, cfg, one_row=False), copies)
+        if m == 1:
+            for c in args.gemv1_configs:
+                cfg = tuple(map(int, c.split(",")))
+                variants[f"gemv1 {c}"] = (kernel(w4a16.gemv, cfg, one_row=True), copies)
         for c in args.gemm_configs:
             variants[f"gemm {c}"] = (kernel(w4a16.gemm, tuple(map(int, c.split(",")))), copies)
         variants["cublas bf16"] = (lambda x, i: F.linear(x, bfs[i]), bf16_copies)
@@ -110,6 +120,10 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--gemv-configs", nargs="+", default=GEMV_CONFIGS)
     ap.add_argument("--gemm-configs", nargs="+", default=GEMM_CONFIGS)
+    ap.add_argument(
+        "--gemv1-configs", nargs="+", default=GEMV1_CONFIGS,
+        help="the one-row GEMV's configs at m = 1 (block_n,block_k,num_warps[,split_k])",
+    )
     ap.add_argument("--rounds", type=int, default=5, help="timed replays (median)")
     args = ap.parse_args()
     import torch

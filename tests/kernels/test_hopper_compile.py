@@ -44,10 +44,10 @@ with compile_for_hopper() as built:
             zeros = torch.empty(g, n, dtype=torch.uint8)
             scales = torch.empty(g, n, dtype=torch.bfloat16)
             m_ = torch.empty(g, n, dtype=torch.bfloat16) if mins else None
-            for m in (1, 4):
+            for m, cfg in ((1, w4a16.GEMV1_CONFIG), (4, w4a16.GEMV_CONFIG)):
                 x = torch.empty(m, k, dtype=torch.bfloat16)
-                w4a16.gemv(x, qweight, zeros, scales, None, group, bits, w4a16.GEMV_CONFIG, m_)
-                w4a16.gemv(x, qweight, zeros, scales, None, group, bits, w4a16.GEMV_CONFIG + (4,), m_)
+                w4a16.gemv(x, qweight, zeros, scales, None, group, bits, cfg, m_)
+                w4a16.gemv(x, qweight, zeros, scales, None, group, bits, cfg + (4,), m_)
             x = torch.empty(512, k, dtype=torch.bfloat16)
             w4a16.gemm(x, qweight, zeros, scales, None, group, bits, w4a16.GEMM_CONFIG, m_)
 check_fits(built)
@@ -62,4 +62,4 @@ def test_fused_moe_kernels_build_for_hopper() -> None:
 
 def test_w4a16_kernels_build_for_hopper() -> None:
     out = run_in_subprocess(_W4A16)
-    assert "_gemv_kernel" in out and "_gemm_kernel" in out
+    assert "_gemv_kernel" in out and "_gemv1_kernel" in out and "_gemm_kernel" in out

@@ -46,6 +46,10 @@ CASES = [  # (m, k, n, group, bits, bias)
     (2, 96, 32, 96, 4, False),  # group -1: one group spanning K (not a multiple of the tile)
     (1, 32, 24, 8, 4, True),  # groups smaller than the K tile
     (4, 64, 32, 16, 8, False),
+    # one row: the kernel that takes each group's scale and zero out of its sums
+    (1, 64, 40, 32, 8, True),
+    (1, 64, 24, 32, 4, "mins"),
+    (1, 96, 16, 96, 4, False),  # a group of 96: K tiles of 32
 ]
 
 
@@ -79,6 +83,18 @@ def test_split_k_gemv_equals_reference(case, split) -> None:
     args, mn = _run(w4a16.gemv, case, split * 1000 + case[0] + case[2], (16, 16, 1, split))
     with pytest.raises(ValueError, match="split_k"):
         w4a16.gemv(*args, (16, 16, 1, 3), mins=mn)
+
+
+@pytest.mark.parametrize("case", [(1, 128, 40, 32, 4, True), (1, 64, 24, 16, 8, "mins")])
+def test_one_row_kernel_equals_the_rows_kernel(case) -> None:
+    """Both GEMV kernels on the same row: the one-row kernel (scale and zero applied per tile)
+    and the one that dequantizes each weight agree with each other and the reference."""
+    args, mn = _run(lambda *a, mins: w4a16.gemv(*a, mins=mins, one_row=True), case, 7)
+    y_rows = w4a16.gemv(*args, mins=mn, one_row=False)
+    y_one = w4a16.gemv(*args, mins=mn, one_row=True)
+    torch.testing.assert_close(y_one, y_rows, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="one row"):
+        w4a16.gemv(args[0].repeat(2, 1), *args[1:], mins=mn, one_row=True)
 
 
 def test_auto_split_fills_the_sms() -> None:

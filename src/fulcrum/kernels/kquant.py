@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fulcrum.kernels.w4a16 import gemv_step, store_tile, unpack_rows
+from fulcrum.kernels.w4a16 import gemv_step, int_minus, store_tile, unpack_rows
 
 SUPER = 256
 # type -> (H high bits, SUB rows per sub-scale, ZERO, has mins)
@@ -119,7 +119,7 @@ def _tile(lo_ptr, hi_ptr, sc_ptr, m_ptr, d_ptr, dm_ptr, k0, offs_n, mask_n, N, H
     d = tl.load(d_ptr + sb * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     g = k0 // SUB + tl.arange(0, BLOCK_K // SUB)
     s = d[None, :] * tl.load(sc_ptr + g[:, None] * N + n2, mask=m2, other=0).to(tl.float32)
-    w = tl.reshape((q - ZERO).to(tl.float32), [BLOCK_K // SUB, SUB, BLOCK_N]) * s[:, None, :]
+    w = tl.reshape(int_minus(q, ZERO), [BLOCK_K // SUB, SUB, BLOCK_N]) * s[:, None, :]
     if HAS_MIN:  # SUB is 32, the mins' sub-block
         dmin = tl.load(dm_ptr + sb * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         mn = tl.load(m_ptr + g[:, None] * N + n2, mask=m2, other=0).to(tl.float32)

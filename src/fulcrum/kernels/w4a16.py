@@ -30,6 +30,10 @@ from fulcrum.kernels.pdl import sm_count
 
 # (block_n, block_k, num_warps) on CUDA; not tuned (benchmarks/w4a16_bench.py sweeps them)
 GEMV_CONFIG = (32, 256, 4)
+# One row of x (batch-1 decode): (block_n, block_k, num_warps); block_k shrinks to fit the group
+GEMV1_CONFIG = (256, 64, 1)
+INTERPRET_GEMV1_CONFIG = (16, 16, 1)
+_EXPO = 150 << 23  # float bits of 2**23 (``_gemv1_kernel``'s ``expo``)
 GEMM_CONFIG = (64, 128, 64, 4)  # (block_m, block_n, block_k, num_warps) on CUDA; not tuned
 INTERPRET_GEMV_CONFIG = (16, 16, 1)
 INTERPRET_GEMM_CONFIG = (16, 16, 16, 1)
@@ -107,6 +111,16 @@ def reference_matmul(
 
 
 @triton.jit
+def int_minus(q, zf):
+    """``q - zf`` in fp32 for int32 ``q`` in ``[0, 2**23)`` and integral ``zf`` (fp32, under
+    2**23), without an integer-to-float conversion per weight: that conversion is a slow
+    instruction and bounds the GEMV once the packed words stream at full bandwidth. q's bits
+    OR'd into the mantissa of 2**23 give the float 2**23 + q exactly, and one subtraction of
+    2**23 + zf (exact: both under 2**24) leaves q - zf, bit for bit what the conversion gives."""
+    return (q | 0x4B000000).to(tl.float32, bitcast=True) - (zf + 8388608.0)
+
+
+@triton.jit
 def _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K, stride_q, stride_z,
                   stride_s, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_MIN: tl.constexpr,
                   BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
@@ -119,21 +133,30 @@ def _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
     rows = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
     mask_w = (rows < K // PACK)[:, None] & mask_n[None, :]
     qw = tl.load(qw_ptr + rows[:, None] * stride_q + offs_n[None, :], mask=mask_w, other=0)
-    shifts = tl.arange(0, PACK) * BITS
-    q = tl.reshape((qw[:, None, :] >> shifts[None, :, None]) & MASK, [BLOCK_K, BLOCK_N])
+    # Values become floats as in ``int_minus``, but masked in place: a value at bit ``pos``
+    # under an exponent that makes its unit 1 is the float 2**(23 - pos) + q (values above
+    # mantissa bit 22 are shifted down 16 bits first), which saves the shift per value.
+    j = tl.arange(0, PACK)
+    sh = tl.where(BITS * (j + 1) > 23, 16, 0)
+    pos = BITS * j - sh
+    expo = (150 - pos) << 23  # float bits of 2**(23 - pos)
+    bits = ((qw[:, None, :] >> sh[None, :, None]) & (MASK << pos)[None, :, None]) | expo[None, :, None]
+    v = bits.to(tl.float32, bitcast=True)  # [BLOCK_K / PACK, PACK, BLOCK_N]: 2**(23 - pos) + q
+    base = expo.to(tl.float32, bitcast=True)[None, :, None]
     if GROUP % BLOCK_K == 0:  # the whole tile in one group: one row of zeros and scales
         g = k0 // GROUP
-        z = tl.load(z_ptr + g * stride_z + offs_n, mask=mask_n, other=0).to(tl.int32)[None, :]
-        s = tl.load(s_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        z = tl.load(z_ptr + g * stride_z + offs_n, mask=mask_n, other=0).to(tl.float32)
+        s = tl.load(s_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        w = tl.reshape((v - (base + z[None, None, :])) * s[None, None, :], [BLOCK_K, BLOCK_N])
         if HAS_MIN:
             mn = tl.load(m_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0)[None, :]
     else:
         g = (k // GROUP)[:, None]
-        z = tl.load(z_ptr + g * stride_z + offs_n[None, :], mask=mask, other=0).to(tl.int32)
+        z = tl.load(z_ptr + g * stride_z + offs_n[None, :], mask=mask, other=0).to(tl.float32)
         s = tl.load(s_ptr + g * stride_s + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        w = (tl.reshape(v - base, [BLOCK_K, BLOCK_N]) - z) * s
         if HAS_MIN:
             mn = tl.load(m_ptr + g * stride_s + offs_n[None, :], mask=mask, other=0.0)
-    w = (q - z).to(tl.float32) * s
     if HAS_MIN:
         w += mn.to(tl.float32)
     return w
@@ -220,6 +243,65 @@ def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, K_
                    mask_m, mask_n, stride_om, False, BLOCK_M, True)  # fmt: skip
 
 
+@triton.jit
+def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, N, K_SPLIT, stride_q, stride_z,
+                  stride_s, expo, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_MIN: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):  # fmt: skip
+    """One row of x. A tile lies inside one group, so its scale and zero come out of the sum:
+    ``sum_k x_k (q_k - z) s + m sum_k x_k = s (sum_k x_k q_k - z sum_k x_k) + m sum_k x_k``,
+    leaving three instructions per weight (mask, exact float, fused multiply-add) where the
+    dequantize-then-multiply form takes about nine: the K loop is bound by instructions issued
+    per weight byte, not by memory. Each thread holds all rows of its columns' words, so the
+    sum over K stays in registers; the words' values become floats without a conversion
+    instruction (see ``int_minus``): masked in place in the low or high half-word, OR'd with
+    the exponent that makes their unit 1, minus that power of two. ``expo`` (always
+    ``150 << 23``, the bits of 2**23) arrives as an argument so that the exponents stay in
+    registers: with both mask and exponent as immediates the compiler spends two logic
+    instructions per weight instead of one."""
+    PACK: tl.constexpr = 32 // BITS
+    HALF: tl.constexpr = PACK // 2
+    MASK: tl.constexpr = (1 << BITS) - 1
+    R: tl.constexpr = BLOCK_K // PACK
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_r = tl.arange(0, R)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    k_start = tl.program_id(1) * K_SPLIT
+    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
+        rows = k0 // PACK + offs_r
+        lo = tl.load(qw_ptr + rows[:, None] * stride_q + offs_n[None, :], mask=mask_n[None, :],
+                     other=0)  # fmt: skip
+        hi = (lo.to(tl.uint32, bitcast=True) >> 16).to(tl.int32, bitcast=True)
+        part = tl.zeros([BLOCK_N], dtype=tl.float32)
+        xsum = tl.zeros([R], dtype=tl.float32)
+        for j in tl.static_range(PACK):
+            pos = BITS * (j % HALF)
+            if j < HALF:
+                word = lo
+            else:
+                word = hi
+            e = expo - (pos << 23)  # float bits of 2**(23 - pos)
+            q = ((word & (MASK << pos)) | e).to(tl.float32, bitcast=True)
+            q = q - e.to(tl.float32, bitcast=True)  # exact: the value as a float
+            xj = tl.load(x_ptr + k0 + offs_r * PACK + j).to(tl.float32)
+            part += tl.sum(xj[:, None] * q, axis=0)
+            xsum += xj
+        xs = tl.sum(xsum, axis=0)
+        g = k0 // GROUP
+        z = tl.load(z_ptr + g * stride_z + offs_n, mask=mask_n, other=0).to(tl.float32)
+        sc = tl.load(s_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        acc += sc * (part - z * xs)
+        if HAS_MIN:
+            acc += tl.load(m_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32) * xs
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
+    else:  # this split's fp32 partial sums into out[split] ([SPLIT, 1, N])
+        tl.store(out_ptr + tl.program_id(1) * N + offs_n, acc, mask=mask_n)
+
+
 def _fit_block_k(block_k: int, k: int, group: int) -> int:
     """A K tile inside one group where the group is a power of two (one row of scales and zeros
     per tile instead of one per weight row)."""
@@ -253,20 +335,32 @@ def _operands(x, qweight, zeros, scales, mins, group, bits) -> tuple[torch.Tenso
     return x, torch.empty((m, n), dtype=x.dtype, device=x.device)
 
 
-def auto_split(k: int, programs: int, block_k: int, sms: int) -> int:
-    """Split K (a power of two) until about eight programs per SM stream the weight: one program
-    per strip of N columns leaves a narrow layer (N = 4,096 at a 32-column strip: 128 programs)
-    with one program per SM, too few loads in flight to draw HBM's bandwidth. Each split keeps
-    at least four K tiles, and K must divide evenly. ``benchmarks/w4a16_bench.py`` sweeps
-    ``split_k``; BENCHMARKS.md gives the figures this rule was read from."""
+def auto_split(
+    k: int, programs: int, block_k: int, sms: int, per_sm: int = 8, min_tiles: int = 4
+) -> int:
+    """Split K (a power of two) until about ``per_sm`` programs per SM stream the weight: one
+    program per strip of N columns leaves a narrow layer (N = 4,096 at a 32-column strip: 128
+    programs) with one program per SM, too few loads in flight to draw HBM's bandwidth. Each
+    split keeps at least ``min_tiles`` K tiles, and K must divide evenly.
+    ``benchmarks/w4a16_bench.py`` sweeps ``split_k``; BENCHMARKS.md gives the figures this rule
+    was read from."""
     split = 1
     while (
-        programs * split < 8 * sms
+        programs * split < per_sm * sms
         and k % (2 * split * block_k) == 0
-        and k // (2 * split) >= 4 * block_k
+        and k // (2 * split) >= min_tiles * block_k
     ):
         split *= 2
     return split
+
+
+def _one_row_block_k(block_k: int, k: int, group: int, bits: int) -> int:
+    """The one-row kernel's K tile: a power of two inside one group (its scale and zero come
+    out of the tile's sum), at least one packed word, dividing K; 0 where none fits."""
+    bk = min(block_k, triton.next_power_of_2(k))
+    while bk >= 32 // bits and (group % bk or k % bk):
+        bk //= 2
+    return bk if bk >= 32 // bits else 0
 
 
 def gemv(
@@ -279,35 +373,61 @@ def gemv(
     bits: int = 4,
     config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps[, split_k])
     mins: torch.Tensor | None = None,
+    one_row: bool | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(W) (+ bias)`` for a few rows of ``x``, in ``x``'s dtype.
 
-    ``split_k`` (default on CUDA: :func:`auto_split`) runs that many programs per strip of
-    columns, each over its share of K, writing fp32 partial sums that one sum adds in a fixed
-    order (results are the same run to run, unlike atomics)."""
+    One row (``one_row``, default: when ``x`` has one row and a K tile fits inside a group)
+    runs ``_gemv1_kernel``, which takes the group's scale and zero out of its sums; more rows
+    run ``_gemv_kernel``, which dequantizes each weight. ``split_k`` (default on CUDA:
+    :func:`auto_split`) runs that many programs per strip of columns, each over its share of
+    K, writing fp32 partial sums that one sum adds in a fixed order (results are the same run
+    to run, unlike atomics)."""
     x, out = _operands(x, qweight, zeros, scales, mins, group, bits)
     m, n, k = x.shape[0], out.shape[1], x.shape[1]
     if m == 0:
         return out
-    cfg = config or (GEMV_CONFIG if x.is_cuda else INTERPRET_GEMV_CONFIG)
-    block_n, block_k, warps = cfg[:3]
-    block_k = max(32 // bits, _fit_block_k(block_k, k, group))
+    if one_row is None:
+        cfg1 = config or (GEMV1_CONFIG if x.is_cuda else INTERPRET_GEMV1_CONFIG)
+        one_row = m == 1 and _one_row_block_k(cfg1[1], k, group, bits) > 0
+    if one_row:
+        cfg = config or (GEMV1_CONFIG if x.is_cuda else INTERPRET_GEMV1_CONFIG)
+        block_n, block_k, warps = cfg[:3]
+        block_k = _one_row_block_k(block_k, k, group, bits)
+        if m != 1 or not block_k:
+            raise ValueError(f"w4a16: the one-row GEMV takes one row and a K tile inside a "
+                             f"group; got {m} rows, K = {k}, group {group}")  # fmt: skip
+        per_sm, min_tiles = 16, 2  # one-warp programs: more of them, shorter
+    else:
+        cfg = config or (GEMV_CONFIG if x.is_cuda else INTERPRET_GEMV_CONFIG)
+        block_n, block_k, warps = cfg[:3]
+        block_k = max(32 // bits, _fit_block_k(block_k, k, group))
+        per_sm, min_tiles = 8, 4
     programs = triton.cdiv(n, block_n)
     if len(cfg) > 3:
         split = cfg[3]
+    elif x.is_cuda:
+        split = auto_split(k, programs, block_k, sm_count(x.device.index), per_sm, min_tiles)
     else:
-        split = auto_split(k, programs, block_k, sm_count(x.device.index)) if x.is_cuda else 1
+        split = 1
     if split < 1 or k % (split * block_k):
         raise ValueError(f"w4a16: split_k {split} x block_k {block_k} does not divide K = {k}")
     dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    _gemv_kernel[(programs, split)](
-        x, qweight, zeros, scales, mins if mins is not None else scales,
-        bias if bias is not None else scales, dst, m, n, k, k // split,
-        x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), dst.stride(-2),
-        GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None and split == 1,
-        SPLIT=split,
-        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
-    )  # fmt: skip
+    common = dict(GROUP=group, BITS=bits, HAS_MIN=mins is not None,
+                  HAS_BIAS=bias is not None and split == 1, SPLIT=split, BLOCK_N=block_n,
+                  BLOCK_K=block_k, num_warps=warps)  # fmt: skip
+    operands = (x, qweight, zeros, scales, mins if mins is not None else scales,
+                bias if bias is not None else scales, dst)  # fmt: skip
+    if one_row:
+        _gemv1_kernel[(programs, split)](
+            *operands, n, k // split, qweight.stride(0), zeros.stride(0), scales.stride(0),
+            _EXPO, **common,
+        )  # fmt: skip
+    else:
+        _gemv_kernel[(programs, split)](
+            *operands, m, n, k, k // split, x.stride(0), qweight.stride(0), zeros.stride(0),
+            scales.stride(0), dst.stride(-2), BLOCK_M=triton.next_power_of_2(m), **common,
+        )  # fmt: skip
     if split == 1:
         return out
     y = dst.sum(0)
