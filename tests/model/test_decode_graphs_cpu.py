@@ -25,6 +25,17 @@ def _greedy(
     return [o.outputs[0].token_ids for o in llm.generate(prompts, sps, use_tqdm=False)]
 
 
+_EAGER: dict[tuple, list[list[int]]] = {}  # eager references shared by a test's parameters
+
+
+def _eager(model: str, prompts: list[list[int]], max_tokens: list[int], **kw) -> list[list[int]]:
+    """Greedy tokens of an eager engine, computed once per module for the same arguments."""
+    key = (model, repr(sorted(kw.items())), repr(prompts), repr(max_tokens))
+    if key not in _EAGER:
+        _EAGER[key] = _greedy(LLM(model, **kw), prompts, max_tokens)
+    return _EAGER[key]
+
+
 @pytest.mark.parametrize("patch_in_graph", [True, False])
 def test_emulated_decode_graphs_match_eager(tiny_models, patch_in_graph, monkeypatch):
     """Replays give eager's tokens through shrinking buckets, with the previous step's ids
@@ -34,10 +45,10 @@ def test_emulated_decode_graphs_match_eager(tiny_models, patch_in_graph, monkeyp
     prompts = [[rng.randrange(3, 320) for _ in range(rng.randrange(3, 40))] for _ in range(7)]
     max_tokens = [3 + 2 * i for i in range(7)]  # the batch shrinks through several buckets
     kw = dict(device="cpu", dtype="float32", attention_backend="triton", max_num_seqs=8)
-    want = _greedy(LLM(tiny_models["llama"], **kw), prompts, max_tokens)
+    want = _eager(tiny_models["llama"], prompts, max_tokens, **kw)
     # The Triton backend (fused rotary + KV write, paged kernels) agrees with the torch one.
     ref_kw = {**kw, "attention_backend": "torch"}
-    assert want == _greedy(LLM(tiny_models["llama"], **ref_kw), prompts, max_tokens)
+    assert want == _eager(tiny_models["llama"], prompts, max_tokens, **ref_kw)
     kc = {"graph_patch": patch_in_graph}
     llm = LLM(tiny_models["llama"], async_scheduling="on", kernel_config=kc, **kw)
     runner = llm.core.runner
@@ -96,9 +107,11 @@ def test_emulated_piecewise_prefill_graphs_match_eager(tiny_models, arch, extra)
     ]
     max_tokens = [4 + 3 * i for i in range(6)]
     kw = dict(device="cpu", dtype="float32", attention_backend="triton", max_num_seqs=4,
-              max_num_batched_tokens=40, **extra)  # fmt: skip
-    want = _greedy(LLM(tiny_models[arch], **kw), prompts, max_tokens)
-    llm = LLM(tiny_models[arch], async_scheduling="on", piecewise_graph_max_tokens=40, **kw)
+              max_num_batched_tokens=40)  # fmt: skip
+    # One eager reference without ``extra``: preempting and recomputing must not change a token.
+    want = _eager(tiny_models[arch], prompts, max_tokens, **kw)
+    llm = LLM(tiny_models[arch], async_scheduling="on", piecewise_graph_max_tokens=40, **kw,
+              **extra)  # fmt: skip
     runner = llm.core.runner
     startup.capture_piecewise(runner, emulate=True)
     pw = runner.piecewise
@@ -131,7 +144,7 @@ def test_failed_capture_leaves_those_steps_eager(tiny_models, monkeypatch, caplo
     prompts = [[rng.randrange(3, 320) for _ in range(rng.randrange(3, 30))] for _ in range(3)]
     kw = dict(device="cpu", dtype="float32", attention_backend="triton", max_num_seqs=4,
               max_num_batched_tokens=40)  # fmt: skip
-    want = _greedy(LLM(tiny_models["llama"], **kw), prompts, [5, 6, 7])
+    want = _eager(tiny_models["llama"], prompts, [5, 6, 7], **kw)
 
     def oom(self):
         raise torch.OutOfMemoryError("CUDA out of memory (injected)")
