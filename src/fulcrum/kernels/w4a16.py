@@ -250,9 +250,10 @@ def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, N, K_SPLIT
                   BLOCK_K: tl.constexpr):  # fmt: skip
     """One row of x. A tile lies inside one group, so its scale and zero come out of the sum:
     ``sum_k x_k (q_k - z) s + m sum_k x_k = s (sum_k x_k q_k - z sum_k x_k) + m sum_k x_k``,
-    leaving three instructions per weight (mask, exact float, fused multiply-add) where the
-    dequantize-then-multiply form takes about nine: the K loop is bound by instructions issued
-    per weight byte, not by memory. Each thread holds all rows of its columns' words, so the
+    leaving about four instructions per weight in the compiled loop (mask, exact float, fused
+    multiply-add, a share of x's loads) where dequantize-then-multiply takes about nine
+    (``benchmarks/kernel_resources.py --kernel w4a16``): the K loop is bound by instructions
+    issued per weight byte, not by memory. Each thread holds all rows of its columns' words, so the
     sum over K stays in registers; the words' values become floats without a conversion
     instruction (see ``int_minus``): masked in place in the low or high half-word, OR'd with
     the exponent that makes their unit 1, minus that power of two. ``expo`` (always
