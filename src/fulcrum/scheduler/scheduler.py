@@ -429,8 +429,8 @@ class Scheduler:
         step); ``update`` then skips their per-token advance. Rows with several tokens (verify
         steps) advance token by token in ``update``, where a stop may cut the run short. The ids
         of the advanced requests are returned."""
-        if self.structured is None:
-            return set()
+        if self.structured is None or not any(r.matcher is not None for r in reqs):
+            return set()  # the common step: a cheap scan, no per-row bookkeeping
         matchers, tokens, keys = [], [], []
         k = row = 0
         for req, samples in zip(reqs, out.samples, strict=True):
