@@ -341,6 +341,12 @@ class GemvConfig:
     fuse_rope: bool = _switch(
         envs.FULCRUM_GEMV_ROPE, "Rotary and the K/V write in the one-row qkv GEMV's epilogue."
     )
+    int_one_row: bool = _knob(
+        True,
+        "One row of an INT4/INT8 (GPTQ, AWQ, GGUF) layer runs the one-row W4A16 GEMV, which "
+        "takes each group's scale and zero out of its sums; off: the kernel that dequantizes "
+        "each weight.",
+    )
     launch: dict[str, tuple[int, int, int]] = field(
         default_factory=lambda: parse_gemv_launch(envs.FULCRUM_GEMV_CONFIG.get()),
         hash=False,

@@ -462,3 +462,24 @@ def gemm(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
     )  # fmt: skip
     return out
+
+
+def linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    zeros: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    group: int,
+    bits: int,
+    mins: torch.Tensor | None = None,
+    *,
+    few: bool,
+    one_row: bool = True,
+) -> torch.Tensor:
+    """The layers' entry: :func:`gemv` for a few rows (one row through the one-row kernel
+    unless ``one_row`` is off: ``kernel_config.gemv.int_one_row``), else :func:`gemm`."""
+    if few:
+        return gemv(x, qweight, zeros, scales, bias, group, bits, mins=mins,
+                    one_row=None if one_row else False)  # fmt: skip
+    return gemm(x, qweight, zeros, scales, bias, group, bits, mins=mins)

@@ -101,9 +101,11 @@ class _SmallPart(nn.Module):
             self.qweight, self.zeros, self.scales, BLOCK, self.bits, self.mins
         )
 
-    def run(self, x: torch.Tensor, bias: torch.Tensor | None, few: bool) -> torch.Tensor:
-        fn = w4a16.gemv if few else w4a16.gemm
-        return fn(x, self.qweight, self.zeros, self.scales, bias, BLOCK, self.bits, mins=self.mins)
+    def run(
+        self, x: torch.Tensor, bias: torch.Tensor | None, few: bool, one_row: bool = True
+    ) -> torch.Tensor:
+        return w4a16.linear(x, self.qweight, self.zeros, self.scales, bias, BLOCK, self.bits,
+                            self.mins, few=few, one_row=one_row)  # fmt: skip
 
 
 class _KPart(nn.Module):
@@ -125,7 +127,9 @@ class _KPart(nn.Module):
     def dequantized(self) -> torch.Tensor:
         return kquant.dequantize(self.packed()).t()
 
-    def run(self, x: torch.Tensor, bias: torch.Tensor | None, few: bool) -> torch.Tensor:
+    def run(
+        self, x: torch.Tensor, bias: torch.Tensor | None, few: bool, one_row: bool = True
+    ) -> torch.Tensor:  # one_row: the legacy parts' switch; K-quants have one GEMV
         return (kquant.gemv if few else kquant.gemm)(x, self.packed(), bias)
 
 
@@ -205,10 +209,11 @@ class GgufLinear(Configured, nn.Module):
             y = F.linear(x2, self.dequantized_weight().to(x.dtype), self.bias)
         else:
             few = x2.shape[0] <= min(kc.gemv.max_m, GEMV_MAX_M)
+            one = kc.gemv.int_one_row
             if len(self.parts) == 1:
-                y = self.parts[0].run(x2, self.bias, few)
+                y = self.parts[0].run(x2, self.bias, few, one)
             else:
-                y = torch.cat([p.run(x2, None, few) for p in self.parts], dim=-1)
+                y = torch.cat([p.run(x2, None, few, one) for p in self.parts], dim=-1)
                 y = y if self.bias is None else y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
 

@@ -161,10 +161,9 @@ class IntLinear(Configured, nn.Module):
         if self.perm is not None:
             x2 = x2.index_select(1, self.perm)
         few = x2.shape[0] <= min(kc.gemv.max_m, GEMV_MAX_M)
-        run = w4a16.gemv if few else w4a16.gemm
-        y = run(
+        y = w4a16.linear(
             x2, self.qweight, self.zeros, self.scales, self.bias, self.group, self.fmt.bits,
-            mins=self.mins,
+            mins=self.mins, few=few, one_row=kc.gemv.int_one_row,
         )  # fmt: skip
         return y.view(*x.shape[:-1], self.out_features)
 
