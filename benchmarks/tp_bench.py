@@ -70,15 +70,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _label(tree: str) -> str:
-    """The tree's commit where git knows it (a worktree or checkout), else its folder name."""
+    """The commit in the tree's ``COMMIT`` file (written beside a ``git archive`` export), else
+    the commit of a tree that is its own git checkout or worktree, else its folder name (an
+    export inside another checkout must not take that checkout's commit)."""
+    stamp = os.path.join(tree, "COMMIT")
+    if os.path.exists(stamp):
+        return open(stamp).read().strip()
     proc = subprocess.run(
-        ["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    rev = proc.stdout.strip() if proc.returncode == 0 else ""
-    stamp = os.path.join(tree, "COMMIT")  # written beside a `git archive` export
-    if not rev and os.path.exists(stamp):
-        rev = open(stamp).read().strip()
-    return rev or os.path.basename(tree)
+        ["git", "-C", tree, "rev-parse", "--show-toplevel", "--short", "HEAD"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    lines = proc.stdout.split()
+    if proc.returncode == 0 and len(lines) == 2 and os.path.samefile(lines[0], tree):
+        return lines[1]
+    return os.path.basename(tree)
 
 
 def main() -> None:

@@ -30,8 +30,9 @@ from fulcrum.kernels.pdl import sm_count
 
 # (block_n, block_k, num_warps) on CUDA; not tuned (benchmarks/w4a16_bench.py sweeps them)
 GEMV_CONFIG = (32, 256, 4)
-# One row of x (batch-1 decode): (block_n, block_k, num_warps); block_k shrinks to fit the group
-GEMV1_CONFIG = (256, 64, 1)
+# One row of x (batch-1 decode): (block_n, block_k, num_warps); block_k shrinks to fit the group.
+# The fastest of w4a16_bench.py's sweep over the 8B's four linears on an H100 (BENCHMARKS §9.2).
+GEMV1_CONFIG = (128, 64, 1)
 INTERPRET_GEMV1_CONFIG = (16, 16, 1)
 _EXPO = 150 << 23  # float bits of 2**23 (``_gemv1_kernel``'s ``expo``)
 GEMM_CONFIG = (64, 128, 64, 4)  # (block_m, block_n, block_k, num_warps) on CUDA; not tuned
