@@ -389,13 +389,14 @@ def gemv(
     m, n, k = x.shape[0], out.shape[1], x.shape[1]
     if m == 0:
         return out
+    cfg1 = config or (GEMV1_CONFIG if x.is_cuda else INTERPRET_GEMV1_CONFIG)
+    block_k1 = _one_row_block_k(cfg1[1], k, group, bits)
     if one_row is None:
-        cfg1 = config or (GEMV1_CONFIG if x.is_cuda else INTERPRET_GEMV1_CONFIG)
-        one_row = m == 1 and _one_row_block_k(cfg1[1], k, group, bits) > 0
+        one_row = m == 1 and block_k1 > 0
     if one_row:
-        cfg = config or (GEMV1_CONFIG if x.is_cuda else INTERPRET_GEMV1_CONFIG)
-        block_n, block_k, warps = cfg[:3]
-        block_k = _one_row_block_k(block_k, k, group, bits)
+        cfg = cfg1
+        block_n, _, warps = cfg[:3]
+        block_k = block_k1
         if m != 1 or not block_k:
             raise ValueError(f"w4a16: the one-row GEMV takes one row and a K tile inside a "
                              f"group; got {m} rows, K = {k}, group {group}")  # fmt: skip
