@@ -22,8 +22,11 @@ def apply_bitmask(logits: torch.Tensor, bitmask: np.ndarray) -> torch.Tensor:
     indices = None if len(rows) == len(bitmask) else torch.from_numpy(rows.astype(np.int32))
     if logits.device.type == "cuda":
         # Both copies from pinned memory: a copy from pageable memory may wait for the stream,
-        # i.e. for the forward this host work is meant to overlap.
-        mask = mask.pin_memory().to(logits.device, non_blocking=True)
+        # i.e. for the forward this host work is meant to overlap. The structured-output
+        # manager's masks are pinned already.
+        if not mask.is_pinned():
+            mask = mask.pin_memory()
+        mask = mask.to(logits.device, non_blocking=True)
         if indices is not None:
             indices = indices.pin_memory().to(logits.device, non_blocking=True)
     import xgrammar as xgr

@@ -59,3 +59,7 @@ class GrammarBackend(ABC):
         """``matchers[i].accept_token(tokens[i])`` for each i; a backend may advance the
         matchers side by side (one step's advance is host work that grows with the batch)."""
         return [m.accept_token(t) for m, t in zip(matchers, tokens, strict=True)]
+
+    def close(self) -> None:
+        """Release the backend's threads (the engine is shutting down); none by default."""
+        return None

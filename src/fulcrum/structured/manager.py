@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
+import torch
 
 from fulcrum.sampling_params import StructuredOutputsParams
 from fulcrum.structured.backend import CompiledGrammar, GrammarBackend, GrammarMatcher
@@ -32,6 +33,8 @@ class StructuredOutputManager:
         self._backend: GrammarBackend | None = None
         self._pool = ThreadPoolExecutor(max_workers, thread_name_prefix="grammar")
         self._cache: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
+        self._buffers: list[torch.Tensor] = []  # host bitmasks, used in turn (see ``bitmask``)
+        self._turn = 0
 
     @property
     def backend(self) -> GrammarBackend:
@@ -55,9 +58,25 @@ class StructuredOutputManager:
         return fut
 
     def bitmask(self, matchers: Sequence[GrammarMatcher | None]) -> np.ndarray:
-        """One row per sampled row; rows without a grammar allow everything."""
-        mask = self.backend.allocate_bitmask(len(matchers))
+        """One row per sampled row; rows without a grammar allow everything.
+
+        The rows live in one of two page-locked host buffers, used in turn, so the copy to the
+        device neither pins a fresh megabyte each step nor waits on the stream. Two suffice:
+        a step's mask is filled after the step before it was collected, i.e. after that
+        step's sampling (and the copy of its mask) finished on the device."""
+        n = len(matchers)
+        if not self._buffers or self._buffers[0].shape[0] < n:
+            words = self.backend.allocate_bitmask(1).shape[1]
+            cap = 1 << max(n - 1, 0).bit_length()
+            pin = torch.cuda.is_available()
+            self._buffers = [
+                torch.empty((cap, words), dtype=torch.int32, pin_memory=pin) for _ in range(2)
+            ]
+        self._turn ^= 1
+        mask = self._buffers[self._turn].numpy()[:n]
         rows = [row for row, m in enumerate(matchers) if m is not None]
+        if len(rows) < n:
+            mask[[row for row, m in enumerate(matchers) if m is None]] = -1
         if rows:
             self.backend.fill_bitmasks([matchers[r] for r in rows], mask, rows)  # type: ignore[misc]
         return mask
@@ -68,3 +87,5 @@ class StructuredOutputManager:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._backend is not None:
+            self._backend.close()

@@ -4,6 +4,9 @@ be larger than the tokenizer's: the padding ids are never allowed)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -13,7 +16,15 @@ from fulcrum.sampling_params import StructuredOutputsParams
 from fulcrum.structured.backend import CompiledGrammar, GrammarBackend, GrammarMatcher
 from fulcrum.structured.grammars import build_grammar
 
-_BATCH_MIN_ROWS = 4  # below this, thread hand-off costs more than it spreads
+# Rows per thread below which a hand-off to another thread costs more than the rows: a row's
+# fill or advance costs ~20-60 us, waking a worker and collecting its result ~20-50 us.
+_ROWS_PER_THREAD = 4
+
+
+def default_threads() -> int:
+    """Threads that fill and advance a step's matchers: half the cores, at most 8 (xgrammar's
+    own default); the rest keep the engine loop, the compiles and the API process running."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 class XgrammarMatcher(GrammarMatcher):
@@ -43,35 +54,62 @@ class XgrammarCompiled(CompiledGrammar):
 
 
 class XgrammarBackend(GrammarBackend):
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], threads: int | None = None
+    ) -> None:
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids
         )
         self.vocab_size = vocab_size
         # One thread per compile: the manager's pool runs compiles side by side.
         self.compiler = xgr.GrammarCompiler(info, max_threads=1)
-        # A step's rows are filled by C++ threads, outside the GIL: the fill must finish while
-        # the device runs the step's forward, and row by row its cost grows with the batch.
-        # xgrammar's default takes half the cores; the rest keep the engine loop, the compiles
-        # and the API process running.
-        self._batch = xgr.BatchGrammarMatcher()
+        # A step's rows are filled and advanced on threads: xgrammar's calls release the GIL, and
+        # the fill must finish while the device runs the step's forward. (xgrammar's own
+        # ``BatchGrammarMatcher`` advances its rows one after another, and its fill starts a
+        # new thread pool on every call.)
+        self.threads = threads if threads is not None else default_threads()
+        self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="grammar-rows") \
+            if self.threads > 1 else None
+
+    def _spread(self, n: int, work: Callable[[range], None]) -> None:
+        """``work`` over rows ``0..n-1`` split into strided slices (so costly rows, which come
+        in runs of one request kind, spread out), the first on this thread."""
+        k = min(self.threads, n // _ROWS_PER_THREAD)
+        if k <= 1 or self._pool is None:
+            work(range(n))
+            return
+        futs = [self._pool.submit(work, range(i, n, k)) for i in range(1, k)]
+        work(range(0, n, k))
+        for f in futs:
+            f.result()
 
     def fill_bitmasks(
         self, matchers: list[GrammarMatcher], bitmask: np.ndarray, rows: list[int]
     ) -> None:
-        if len(matchers) < _BATCH_MIN_ROWS:
-            super().fill_bitmasks(matchers, bitmask, rows)
-            return
         handles = [m._m for m in matchers]  # type: ignore[attr-defined]
-        self._batch.batch_fill_next_token_bitmask(handles, bitmask, rows)
+
+        def fill(idx: range) -> None:
+            for i in idx:
+                handles[i].fill_next_token_bitmask(bitmask, rows[i])
+
+        self._spread(len(handles), fill)
 
     def accept_tokens(self, matchers: list[GrammarMatcher], tokens: list[int]) -> list[bool]:
         # A token's advance walks its bytes through the grammar's parser: long tokens of a large
-        # vocabulary cost tens of microseconds each, so a batch's advances go to C++ threads.
-        if len(matchers) < _BATCH_MIN_ROWS:
-            return super().accept_tokens(matchers, tokens)
+        # vocabulary cost tens of microseconds each.
         handles = [m._m for m in matchers]  # type: ignore[attr-defined]
-        return [bool(a) for a in self._batch.batch_accept_token(handles, tokens)]
+        ok = [False] * len(handles)
+
+        def accept(idx: range) -> None:
+            for i in idx:
+                ok[i] = bool(handles[i].accept_token(tokens[i]))
+
+        self._spread(len(handles), accept)
+        return ok
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         return XgrammarCompiled(self.compiler.compile_grammar(build_grammar(params)))
