@@ -79,8 +79,13 @@ def test_gemv_equals_reference(case) -> None:
 @pytest.mark.parametrize("case", [(1, 128, 40, 16, 4, True), (3, 128, 24, 32, 4, "mins"),
                                   (2, 128, 32, 16, 8, False)])  # fmt: skip
 def test_split_k_gemv_equals_reference(case, split) -> None:
-    """K shared out over ``split`` programs per strip, their partial sums added after."""
-    args, mn = _run(w4a16.gemv, case, split * 1000 + case[0] + case[2], (16, 16, 1, split))
+    """K shared out over ``split`` programs per strip, their partial sums added by the strip's
+    last program, which leaves the counters at zero: a second launch gives the same output."""
+    cfg = (16, 16, 1, split)
+    args, mn = _run(w4a16.gemv, case, split * 1000 + case[0] + case[2], cfg)
+    first = w4a16.gemv(*args, cfg, mins=mn)
+    assert not w4a16.split_counters(first.device, 1).any()
+    torch.testing.assert_close(w4a16.gemv(*args, cfg, mins=mn), first, rtol=0, atol=0)
     with pytest.raises(ValueError, match="split_k"):
         w4a16.gemv(*args, (16, 16, 1, 3), mins=mn)
 

@@ -190,6 +190,36 @@ def store_tile(acc1, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride
 
 
 @triton.jit
+def split_fixup(acc, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, M, N,
+                stride_om, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):  # fmt: skip
+    """Split-K's sum inside the kernel: this program stores its fp32 partial sums ``acc``
+    (``[BLOCK_M, BLOCK_N]``) into ``ws[split]`` (``[SPLIT, M, N]``) and counts itself done on
+    its strip's counter; the strip's last program adds the SPLIT partials in split order (the
+    same sums whichever program finishes last), adds the bias, stores the output and resets
+    the counter for the next launch. A separate sum would cost a launch and a pass over the
+    partials per linear, most of a narrow layer's time at batch 1.
+
+    The barrier puts every thread's stores before the count (one thread's release, as
+    CUTLASS's semaphore); the last program reads the partials past L1, which may hold lines
+    of the same workspace from an earlier launch."""
+    offs = offs_m[:, None] * N + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    tl.store(ws_ptr + tl.program_id(1) * M * N + offs, acc, mask=mask)
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+    if done == SPLIT - 1:
+        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            total += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            total += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        dst = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(dst, total.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
+
+
+@triton.jit
 def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_q,
                  stride_z, stride_s, stride_om, GROUP: tl.constexpr, BITS: tl.constexpr,
                  HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -217,7 +247,7 @@ def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, st
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, K_SPLIT, stride_xm,
+def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, K_SPLIT, stride_xm,
                  stride_q, stride_z, stride_s, stride_om, GROUP: tl.constexpr, BITS: tl.constexpr,
                  HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
@@ -239,13 +269,15 @@ def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, K_
     if SPLIT == 1:
         store_tile(acc1, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
                    BLOCK_M, True)  # fmt: skip
-    else:  # this split's fp32 partial sums into out[split] ([SPLIT, M, N]); the bias comes after
-        store_tile(acc1, acc, b_ptr, out_ptr + tl.program_id(1) * M * stride_om, offs_m, offs_n,
-                   mask_m, mask_n, stride_om, False, BLOCK_M, True)  # fmt: skip
+    else:
+        if BLOCK_M == 1:
+            acc = tl.sum(acc1, axis=0)[None, :]
+        split_fixup(acc, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, M, N,
+                    stride_om, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
-def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, N, K_SPLIT, stride_q, stride_z,
+def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, K_SPLIT, stride_q, stride_z,
                   stride_s, expo, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_MIN: tl.constexpr,
                   HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr):  # fmt: skip
@@ -300,8 +332,9 @@ def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, N, K_SPLIT
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
-    else:  # this split's fp32 partial sums into out[split] ([SPLIT, 1, N])
-        tl.store(out_ptr + tl.program_id(1) * N + offs_n, acc, mask=mask_n)
+    else:
+        split_fixup(acc[None, :], ws_ptr, cnt_ptr, b_ptr, out_ptr, tl.arange(0, 1), offs_n,
+                    tl.full([1], 1, tl.int1), mask_n, 1, N, N, HAS_BIAS, SPLIT, 1, BLOCK_N)  # fmt: skip
 
 
 def _fit_block_k(block_k: int, k: int, group: int) -> int:
@@ -335,6 +368,20 @@ def _operands(x, qweight, zeros, scales, mins, group, bits) -> tuple[torch.Tenso
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, n, _ = _check(x, qweight, zeros, scales, mins, group, bits)
     return x, torch.empty((m, n), dtype=x.dtype, device=x.device)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def split_counters(device: torch.device, programs: int) -> torch.Tensor:
+    """The device's split-K counters, one per strip of columns, all zero between launches (each
+    strip's last program resets its own). Launches on one stream run one after another, so one
+    set serves every layer."""
+    cnt = _COUNTERS.get(device)
+    if cnt is None or cnt.numel() < programs:
+        cnt = torch.zeros(max(programs, 1 << 14), dtype=torch.int32, device=device)
+        _COUNTERS[device] = cnt
+    return cnt
 
 
 def auto_split(
@@ -383,8 +430,8 @@ def gemv(
     runs ``_gemv1_kernel``, which takes the group's scale and zero out of its sums; more rows
     run ``_gemv_kernel``, which dequantizes each weight. ``split_k`` (default on CUDA:
     :func:`auto_split`) runs that many programs per strip of columns, each over its share of
-    K, writing fp32 partial sums that one sum adds in a fixed order (results are the same run
-    to run, unlike atomics)."""
+    K; the strip's last program adds their fp32 partial sums in a fixed order
+    (:func:`split_fixup`: results are the same run to run, unlike atomic adds)."""
     x, out = _operands(x, qweight, zeros, scales, mins, group, bits)
     m, n, k = x.shape[0], out.shape[1], x.shape[1]
     if m == 0:
@@ -415,12 +462,12 @@ def gemv(
         split = 1
     if split < 1 or k % (split * block_k):
         raise ValueError(f"w4a16: split_k {split} x block_k {block_k} does not divide K = {k}")
-    dst = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    common = dict(GROUP=group, BITS=bits, HAS_MIN=mins is not None,
-                  HAS_BIAS=bias is not None and split == 1, SPLIT=split, BLOCK_N=block_n,
-                  BLOCK_K=block_k, num_warps=warps)  # fmt: skip
+    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    counters = out if split == 1 else split_counters(x.device, programs)
+    common = dict(GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None,
+                  SPLIT=split, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)  # fmt: skip
     operands = (x, qweight, zeros, scales, mins if mins is not None else scales,
-                bias if bias is not None else scales, dst)  # fmt: skip
+                bias if bias is not None else scales, out, ws, counters)  # fmt: skip
     if one_row:
         _gemv1_kernel[(programs, split)](
             *operands, n, k // split, qweight.stride(0), zeros.stride(0), scales.stride(0),
@@ -429,12 +476,9 @@ def gemv(
     else:
         _gemv_kernel[(programs, split)](
             *operands, m, n, k, k // split, x.stride(0), qweight.stride(0), zeros.stride(0),
-            scales.stride(0), dst.stride(-2), BLOCK_M=triton.next_power_of_2(m), **common,
+            scales.stride(0), out.stride(0), BLOCK_M=triton.next_power_of_2(m), **common,
         )  # fmt: skip
-    if split == 1:
-        return out
-    y = dst.sum(0)
-    return (y if bias is None else y + bias.float()).to(x.dtype)
+    return out
 
 
 def gemm(
