@@ -46,6 +46,39 @@ def test_gemv_8b_shapes(n: int, k: int, m: int) -> None:
     _check(w4a16.gemv(x, qw, z, s, b, 128), want)
 
 
+@pytest.mark.parametrize("m", [1, 3])
+def test_split_k_in_graph_replays_bit_exact(m: int) -> None:
+    """Split-K's in-kernel sum (the strip's last program) replayed from a CUDA graph, layers
+    back to back on one stream: every replay equals the eager result bit for bit, so the
+    counters are back at zero after each launch and the partials read are this launch's."""
+    n, k = SHAPES[3]
+    layers = [_weight(n, k, 128) for _ in range(2)]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    cfg = (w4a16.GEMV1_CONFIG if m == 1 else w4a16.GEMV_CONFIG) + (16,)
+
+    def run() -> torch.Tensor:
+        y = x
+        for qw, z, s in layers:  # down_proj's K is 14,336: feed its output back, padded
+            y = w4a16.gemv(torch.nn.functional.pad(y, (0, k - y.shape[1])), qw, z, s, b, 128,
+                           config=cfg)  # fmt: skip
+        return y
+
+    want = run()
+    _check(want, w4a16.reference_matmul(
+        torch.nn.functional.pad(w4a16.reference_matmul(x.float(), *layers[0], b, 128, 4).bfloat16(),
+                                (0, k - n)).float(), *layers[1], b, 128, 4))  # fmt: skip
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        got = run()
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        want = run()
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("m", [16, 300, 2048])
 def test_gemm_8b_shapes(n: int, k: int, m: int) -> None:
