@@ -6,7 +6,11 @@ TTFT is first-token time minus arrival. Unique: the same shapes with no shared p
 what the cache costs when nothing is shared.
 
     python benchmarks/prefix_cache_cpu.py [--groups 8] [--per-group 8] [--json out.json]
-        [--only prefix-fcfs ...] [--repeat N]
+        [--only prefix-fcfs ...] [--repeat N] [--interleave] [--kv-cache-memory GIB]
+
+``--interleave`` submits the groups' requests round-robin (g0, g1, ..., g0, g1, ...) instead of
+group by group, and a small ``--kv-cache-memory`` keeps the cache from holding every system
+prompt at once: the case where the scheduling order decides what stays cached (LPM vs FCFS).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import statistics
 import time
 
 
-def workload(groups: int, per_group: int, prefix_len: int, q_len: int, shared: bool, seed: int):
+def workload(groups: int, per_group: int, prefix_len: int, q_len: int, shared: bool, seed: int,
+             interleave: bool = False):
     rng = random.Random(seed)
     prompts = []
     for _g in range(groups):
@@ -27,6 +32,8 @@ def workload(groups: int, per_group: int, prefix_len: int, q_len: int, shared: b
         for _ in range(per_group):
             p = prefix if shared else [rng.randrange(100, 49000) for _ in range(prefix_len)]
             prompts.append(p + [rng.randrange(100, 49000) for _ in range(q_len)])
+    if interleave:  # request r of every group, then r + 1 of every group, ...
+        prompts = [prompts[g * per_group + r] for r in range(per_group) for g in range(groups)]
     return prompts
 
 
@@ -35,10 +42,10 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def run(prompts, out_len: int, cache: bool, policy: str) -> dict:
+def run(prompts, out_len: int, cache: bool, policy: str, kv_gib: float = 4.0) -> dict:
     from fulcrum import LLM, SamplingParams
 
-    llm = LLM(dtype="float32", device="cpu", kv_cache_memory=4, enable_prefix_caching=cache,
+    llm = LLM(dtype="float32", device="cpu", kv_cache_memory=kv_gib, enable_prefix_caching=cache,
               schedule_policy=policy)
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
@@ -90,14 +97,18 @@ def main() -> None:
     ap.add_argument("--only", choices=CASES, nargs="+", default=None,
                     help="Run only these cases (default: all).")
     ap.add_argument("--repeat", type=int, default=1, help="Runs of each case, one process.")
+    ap.add_argument("--interleave", action="store_true",
+                    help="Submit the groups' requests round-robin instead of group by group.")
+    ap.add_argument("--kv-cache-memory", type=float, default=4.0,
+                    help="KV pool in GiB (small: the cache cannot hold every system prompt).")
     args = ap.parse_args()
     results = []
     for name in args.only or CASES:
         traffic, cache, policy = CASES[name]
         prompts = workload(args.groups, args.per_group, args.prefix_len, args.question_len,
-                           traffic == "prefix-heavy", args.seed)
+                           traffic == "prefix-heavy", args.seed, args.interleave)
         for i in range(args.repeat):
-            r = run(prompts, args.output_len, cache, policy)
+            r = run(prompts, args.output_len, cache, policy, args.kv_cache_memory)
             r.update(traffic=traffic, case=name, run=i)
             print(json.dumps(r), flush=True)
             results.append(r)
