@@ -43,7 +43,9 @@ def _run(argv: list[str], capsys) -> tuple[int, str, str]:
     return rc, cap.out, cap.err
 
 
-def test_server_log_shared_prefix_recommends_lpm(tmp_path: Path, capsys) -> None:
+def test_server_log_shared_prefix_keeps_cache_first_come(tmp_path: Path, capsys) -> None:
+    """One shared prefix that any cache holds: the cache on, first-come order kept (lpm would
+    only move the wait between requests)."""
     rng = random.Random(0)
     prefix = list(range(100, 356))  # 256 shared tokens
     suffixes = [[rng.randrange(1000, 40000) for _ in range(16 + 4 * i)] for i in range(20)]
@@ -57,7 +59,7 @@ def test_server_log_shared_prefix_recommends_lpm(tmp_path: Path, capsys) -> None
     assert ov["hit_tokens"] == 19 * 256 and ov["prompt_tokens"] == total
     assert ov["overlap"] == pytest.approx(19 * 256 / total)
     rec = doc["recommendation"]
-    assert "--schedule-policy lpm" in rec["command"] and "--enable-prefix-caching" in rec["command"]
+    assert "--enable-prefix-caching" in rec["command"] and "lpm" not in rec["command"]
     assert rec["prefill_rate_source"] == "fitted"  # the log's TTFTs grow with the prompt
     assert rec["prefill_s_per_token"] == pytest.approx(0.0001, rel=1e-6)
     assert rec["mean_ttft_saved_s"] == pytest.approx(19 * 256 * 0.0001 / 20, rel=1e-6)
@@ -89,6 +91,29 @@ def test_small_capacity_lowers_overlap(tmp_path: Path, capsys) -> None:
     doc = json.loads(out)
     assert doc["overlap"]["overlap"] == 96 / 320  # hand computed in test_analyze_sim
     assert doc["overlap_unbounded"]["overlap"] == 128 / 320
+
+
+def _interleaved_prefixes(path: Path) -> Path:
+    """Four 64-token prefixes, six requests each, arriving round-robin (a, b, c, d, a, ...)."""
+    prefixes = [list(range(1000 * (g + 1), 1000 * (g + 1) + 64)) for g in range(4)]
+    rows = [_log_line(i, prefixes[i % 4] + [9000 + i] * 16, float(i)) for i in range(24)]
+    return _write(path, rows)
+
+
+def test_cache_too_small_for_shared_prefixes_recommends_lpm(tmp_path: Path, capsys) -> None:
+    """The shared prefixes do not fit the cache together: in arrival order each evicts the next
+    one's, so longest-prefix-match scheduling is recommended (and the bigger cache)."""
+    trace = _interleaved_prefixes(tmp_path / "i.jsonl")
+    rc, out, _ = _run(["analyze", str(trace), "--json", "--capacity-tokens", "160"], capsys)
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["overlap_unbounded"]["overlap"] == pytest.approx(20 * 64 / (24 * 80))
+    assert doc["overlap"]["overlap"] < 0.2
+    rec = doc["recommendation"]
+    assert "--schedule-policy lpm" in rec["command"] and "--enable-prefix-caching" in rec["command"]
+    assert any("do not fit together" in r for r in rec["reasons"])
+    rc, out, _ = _run(["analyze", str(trace), "--json"], capsys)  # unbounded: they fit
+    assert "lpm" not in json.loads(out)["recommendation"]["command"]
 
 
 def test_openai_chat_bodies_are_tokenized(tmp_path: Path, capsys) -> None:
@@ -153,8 +178,8 @@ def test_recommended_command_parses(tmp_path: Path, capsys) -> None:
     pytest.importorskip("fulcrum.entrypoints.openai.cli_serve")
     from fulcrum.entrypoints.cli import build_parser
 
-    rows = [_log_line(i, list(range(200)) + [5000 + i] * 20, i * 0.1) for i in range(12)]
-    rc, out, _ = _run(["analyze", str(_write(tmp_path / "x.jsonl", rows)), "--json"], capsys)
+    trace = _interleaved_prefixes(tmp_path / "x.jsonl")
+    rc, out, _ = _run(["analyze", str(trace), "--json", "--capacity-tokens", "160"], capsys)
     assert rc == 0
     cmd = json.loads(out)["recommendation"]["command"]
     args = build_parser().parse_args(shlex.split(cmd)[1:])

@@ -2,10 +2,13 @@
 
 The thresholds are rules of thumb from how the engine spends a step:
 
-* **Prefix cache + longest-prefix-match scheduling** above ``LPM_OVERLAP`` (60%) of prompt tokens
-  served from cache: grouping requests that share a prefix keeps the shared blocks hot.
-  The cache alone (FCFS) between ``CACHE_OVERLAP`` and 60%; off below it (no hits to pay for the
-  hashing).
+* **Prefix cache** from ``CACHE_OVERLAP`` of prompt tokens served from cache; off below it (no
+  hits to pay for the hashing). **Longest-prefix-match scheduling** only where the cache is too
+  small for the shared prefixes (the bounded overlap, simulated in arrival order, well below the
+  unbounded one) and the unbounded overlap is at least ``LPM_OVERLAP`` (60%): then running the
+  requests whose prefix is cached first keeps it from being evicted before its next user. Where
+  the cache holds every shared prefix, first-come order reaches the same hits and reordering
+  only moves the wait between requests (BENCHMARKS.md §2 and §11 measure both cases).
 * **Chunk size** (``--max-num-batched-tokens``): the p90 prompt rounded up to a power of two,
   clamped to [2048, 8192], so most prompts prefill in one step while a long one is chunked and
   cannot stall running decodes for long.
@@ -87,26 +90,30 @@ def recommend(
     cap = overlap.capacity_tokens
     cap_txt = "unbounded" if cap is None else f"{cap:,} tokens"
 
-    if ov >= LPM_OVERLAP:
+    capacity_limited = cap is not None and ov_inf - ov > 0.05 and ov_inf > ov * 1.2
+    if capacity_limited and ov_inf >= LPM_OVERLAP:
         rec.flags += ["--enable-prefix-caching", "--schedule-policy", "lpm"]
         rec.reasons.append(
-            f"{ov:.0%} of prompt tokens would be served from a {cap_txt} prefix cache "
-            f"(>= {LPM_OVERLAP:.0%}): keep the prefix cache on and schedule by longest prefix "
-            "match so requests that share a prefix run while it is cached."
+            f"{ov_inf:.0%} of prompt tokens share a prefix, but a {cap_txt} cache taken in "
+            f"arrival order serves only {ov:.0%}: the shared prefixes do not fit together. "
+            "Keep the prefix cache on and schedule by longest prefix match, so requests whose "
+            "prefix is cached run before it is evicted."
         )
-    elif ov >= CACHE_OVERLAP:
+    elif max(ov, ov_inf) >= CACHE_OVERLAP:
         rec.flags.append("--enable-prefix-caching")
-        rec.reasons.append(
-            f"{ov:.0%} prefix overlap: the cache pays, but below {LPM_OVERLAP:.0%} reordering "
-            "the queue (lpm) is not worth its unfairness; keep FCFS."
+        fit = (
+            "the cache holds the shared prefixes, so first-come order already reaches these "
+            "hits and reordering the queue (lpm) would only move the wait between requests"
+            if not capacity_limited
+            else f"below {LPM_OVERLAP:.0%} reordering the queue (lpm) is not worth its unfairness"
         )
+        rec.reasons.append(f"{ov:.0%} prefix overlap ({cap_txt} cache): keep the cache on; {fit}.")
     else:
         rec.flags.append("--no-enable-prefix-caching")
         rec.reasons.append(
             f"{ov:.1%} prefix overlap: almost nothing to reuse; the prefix cache only costs "
             "hashing and keeps stale blocks."
         )
-    capacity_limited = cap is not None and ov_inf - ov > 0.05 and ov_inf > ov * 1.2
     if capacity_limited:
         rec.reasons.append(
             f"The cache is too small for this traffic: unbounded it would serve {ov_inf:.0%} "
