@@ -489,7 +489,7 @@ def gemm(
     bias: torch.Tensor | None,
     group: int,
     bits: int = 4,
-    config: tuple[int, int, int, int] | None = None,  # (block_m, block_n, block_k, num_warps)
+    config: tuple[int, ...] | None = None,  # (block_m, block_n, block_k, num_warps[, stages])
     mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(W) (+ bias)`` for a batch of rows, in ``x``'s dtype."""
@@ -497,7 +497,9 @@ def gemm(
     m, n, k = x.shape[0], out.shape[1], x.shape[1]
     if m == 0:
         return out
-    bm, bn, bk, warps = config or (GEMM_CONFIG if x.is_cuda else INTERPRET_GEMM_CONFIG)
+    cfg = config or (GEMM_CONFIG if x.is_cuda else INTERPRET_GEMM_CONFIG)
+    bm, bn, bk, warps = cfg[:4]
+    stages = {"num_stages": cfg[4]} if len(cfg) > 4 else {}
     bk = max(16, _fit_block_k(bk, k, group))
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     _gemm_kernel[grid](
@@ -505,7 +507,7 @@ def gemm(
         bias if bias is not None else scales, out, m, n, k,
         x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), out.stride(0),
         GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, **stages,
     )  # fmt: skip
     return out
 
