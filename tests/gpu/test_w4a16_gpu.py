@@ -46,7 +46,7 @@ def test_gemv_8b_shapes(n: int, k: int, m: int) -> None:
     _check(w4a16.gemv(x, qw, z, s, b, 128), want)
 
 
-@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("m", [1, 3, 64])
 def test_split_k_in_graph_replays_bit_exact(m: int) -> None:
     """Split-K's in-kernel sum (the strip's last program) replayed from a CUDA graph, layers
     back to back on one stream: every replay equals the eager result bit for bit, so the
@@ -55,13 +55,15 @@ def test_split_k_in_graph_replays_bit_exact(m: int) -> None:
     layers = [_weight(n, k, 128) for _ in range(2)]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    cfg = (w4a16.GEMV1_CONFIG if m == 1 else w4a16.GEMV_CONFIG) + (16,)
+    if m == 64:
+        fn, cfg = w4a16.gemm, w4a16.GEMM_CONFIG + (0, 8)
+    else:
+        fn, cfg = w4a16.gemv, (w4a16.GEMV1_CONFIG if m == 1 else w4a16.GEMV_CONFIG) + (16,)
 
     def run() -> torch.Tensor:
         y = x
         for qw, z, s in layers:  # down_proj's K is 14,336: feed its output back, padded
-            y = w4a16.gemv(torch.nn.functional.pad(y, (0, k - y.shape[1])), qw, z, s, b, 128,
-                           config=cfg)  # fmt: skip
+            y = fn(torch.nn.functional.pad(y, (0, k - y.shape[1])), qw, z, s, b, 128, config=cfg)
         return y
 
     want = run()

@@ -48,8 +48,9 @@ with compile_for_hopper() as built:
                 x = torch.empty(m, k, dtype=torch.bfloat16)
                 w4a16.gemv(x, qweight, zeros, scales, None, group, bits, cfg, m_)
                 w4a16.gemv(x, qweight, zeros, scales, None, group, bits, cfg + (4,), m_)
-            x = torch.empty(512, k, dtype=torch.bfloat16)
-            w4a16.gemm(x, qweight, zeros, scales, None, group, bits, w4a16.GEMM_CONFIG, m_)
+            for m, cfg in ((64, w4a16.GEMM_CONFIG + (0, 4)), (512, w4a16.GEMM_CONFIG_LARGE)):
+                x = torch.empty(m, k, dtype=torch.bfloat16)
+                w4a16.gemm(x, qweight, zeros, scales, None, group, bits, cfg, m_)
 check_fits(built)
 print(sorted({(c.name, c.shared) for c in built}))
 """

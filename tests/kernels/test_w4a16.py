@@ -90,6 +90,19 @@ def test_split_k_gemv_equals_reference(case, split) -> None:
         w4a16.gemv(*args, (16, 16, 1, 3), mins=mn)
 
 
+@pytest.mark.parametrize("case", [(20, 128, 40, 16, 4, True), (33, 128, 24, 32, 4, "mins")])
+def test_split_k_gemm_equals_reference(case) -> None:
+    """The GEMM with K split over 4 programs per output tile, the tile's last program adding
+    their partials: equal to the reference, the counters back at zero, run to run identical."""
+    cfg = (16, 16, 16, 1, 0, 4)
+    args, mn = _run(w4a16.gemm, case, 4000 + case[0], cfg)
+    first = w4a16.gemm(*args, cfg, mins=mn)
+    assert not w4a16.split_counters(first.device, 1).any()
+    torch.testing.assert_close(w4a16.gemm(*args, cfg, mins=mn), first, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="split_k"):
+        w4a16.gemm(*args, (16, 16, 16, 1, 0, 3), mins=mn)
+
+
 @pytest.mark.parametrize("case", [(1, 128, 40, 32, 4, True), (1, 64, 24, 16, 8, "mins")])
 def test_one_row_kernel_equals_the_rows_kernel(case) -> None:
     """Both GEMV kernels on the same row: the one-row kernel (scale and zero applied per tile)
@@ -111,6 +124,10 @@ def test_auto_split_fills_the_sms() -> None:
     assert w4a16.auto_split(4096, 896, 128, sms) == 2  # gate_up: already 896 programs
     assert w4a16.auto_split(4096, 2048, 128, sms) == 1
     assert w4a16.auto_split(4096 + 128, 128, 128, sms) == 1  # K does not halve into whole tiles
+    # the GEMM's rule: one program per SM, at most GEMM_MAX_SPLIT ways (o_proj at 64 rows)
+    assert w4a16.auto_split(4096, 32, 64, 132, 1, 4, w4a16.GEMM_MAX_SPLIT) == 8
+    assert w4a16.auto_split(4096, 32, 64, 132, 1, 4, 4) == 4
+    assert w4a16.auto_split(4096, 224, 64, 132, 1, 4, 8) == 1  # gate_up: 224 tiles already
 
 
 @pytest.mark.parametrize("case", [(5, 64, 40, 16, 4, True), (17, 48, 32, 48, 4, False),

@@ -35,7 +35,13 @@ GEMV_CONFIG = (32, 256, 4)
 GEMV1_CONFIG = (128, 64, 1)
 INTERPRET_GEMV1_CONFIG = (16, 16, 1)
 _EXPO = 150 << 23  # float bits of 2**23 (``_gemv1_kernel``'s ``expo``)
-GEMM_CONFIG = (64, 128, 64, 4)  # (block_m, block_n, block_k, num_warps) on CUDA; not tuned
+# (block_m, block_n, block_k, num_warps) on CUDA, by rows: the best of w4a16_bench.py's sweep
+# over the 8B's four linears on an H100 (BENCHMARKS §9.2): 64-row tiles up to 128 rows, then
+# 128-row tiles, which dequantize each weight tile for twice the rows.
+GEMM_CONFIG = (64, 128, 64, 4)
+GEMM_CONFIG_LARGE = (128, 128, 64, 4)
+GEMM_LARGE_ROWS = 128
+GEMM_MAX_SPLIT = 8
 INTERPRET_GEMV_CONFIG = (16, 16, 1)
 INTERPRET_GEMM_CONFIG = (16, 16, 16, 1)
 
@@ -191,11 +197,11 @@ def store_tile(acc1, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride
 
 @triton.jit
 def split_fixup(acc, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, M, N,
-                stride_om, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr):  # fmt: skip
+                stride_om, strip, split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     """Split-K's sum inside the kernel: this program stores its fp32 partial sums ``acc``
     (``[BLOCK_M, BLOCK_N]``) into ``ws[split]`` (``[SPLIT, M, N]``) and counts itself done on
-    its strip's counter; the strip's last program adds the SPLIT partials in split order (the
+    its output tile's (``strip``) counter; the tile's last program adds the SPLIT partials in split order (the
     same sums whichever program finishes last), adds the bias, stores the output and resets
     the counter for the next launch. A separate sum would cost a launch and a pass over the
     partials per linear, most of a narrow layer's time at batch 1.
@@ -205,9 +211,9 @@ def split_fixup(acc, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, ma
     of the same workspace from an earlier launch."""
     offs = offs_m[:, None] * N + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
-    tl.store(ws_ptr + tl.program_id(1) * M * N + offs, acc, mask=mask)
+    tl.store(ws_ptr + split * M * N + offs, acc, mask=mask)
     tl.debug_barrier()
-    done = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+    done = tl.atomic_add(cnt_ptr + strip, 1, sem="acq_rel", scope="gpu")
     if done == SPLIT - 1:
         total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for s in tl.static_range(SPLIT):
@@ -216,13 +222,14 @@ def split_fixup(acc, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, ma
             total += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         dst = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
         tl.store(dst, total.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
+        tl.atomic_xchg(cnt_ptr + strip, 0)
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_q,
-                 stride_z, stride_s, stride_om, GROUP: tl.constexpr, BITS: tl.constexpr,
-                 HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
+                 K_SPLIT, stride_xm, stride_q, stride_z, stride_s, stride_om, GROUP: tl.constexpr,
+                 BITS: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -231,7 +238,8 @@ def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, st
     mask_m = offs_m < M
     mask_n = offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start = tl.program_id(2) * K_SPLIT  # split-K: this program's K_SPLIT rows
+    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         mask_k = k < K
         x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + k[None, :],
@@ -242,8 +250,13 @@ def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, M, N, K, st
             acc = tl.dot(x, w, acc, input_precision="ieee")
         else:
             acc = tl.dot(x, w.to(x.dtype), acc)
-    store_tile(acc, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
-               BLOCK_M, False)  # fmt: skip
+    if SPLIT == 1:
+        store_tile(acc, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
+                   BLOCK_M, False)  # fmt: skip
+    else:
+        split_fixup(acc, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, M, N,
+                    stride_om, pid_m * tl.num_programs(1) + pid_n, tl.program_id(2), HAS_BIAS,
+                    SPLIT, BLOCK_M, BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -273,7 +286,8 @@ def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt
         if BLOCK_M == 1:
             acc = tl.sum(acc1, axis=0)[None, :]
         split_fixup(acc, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, M, N,
-                    stride_om, HAS_BIAS, SPLIT, BLOCK_M, BLOCK_N)  # fmt: skip
+                    stride_om, tl.program_id(0), tl.program_id(1), HAS_BIAS, SPLIT, BLOCK_M,
+                    BLOCK_N)  # fmt: skip
 
 
 @triton.jit
@@ -334,7 +348,8 @@ def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cn
         tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
     else:
         split_fixup(acc[None, :], ws_ptr, cnt_ptr, b_ptr, out_ptr, tl.arange(0, 1), offs_n,
-                    tl.full([1], 1, tl.int1), mask_n, 1, N, N, HAS_BIAS, SPLIT, 1, BLOCK_N)  # fmt: skip
+                    tl.full([1], 1, tl.int1), mask_n, 1, N, N, tl.program_id(0), tl.program_id(1),
+                    HAS_BIAS, SPLIT, 1, BLOCK_N)  # fmt: skip
 
 
 def _fit_block_k(block_k: int, k: int, group: int) -> int:
@@ -370,6 +385,10 @@ def _operands(x, qweight, zeros, scales, mins, group, bits) -> tuple[torch.Tenso
     return x, torch.empty((m, n), dtype=x.dtype, device=x.device)
 
 
+def gemm_config(m: int) -> tuple[int, ...]:
+    return GEMM_CONFIG if m <= GEMM_LARGE_ROWS else GEMM_CONFIG_LARGE
+
+
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -385,7 +404,8 @@ def split_counters(device: torch.device, programs: int) -> torch.Tensor:
 
 
 def auto_split(
-    k: int, programs: int, block_k: int, sms: int, per_sm: int = 8, min_tiles: int = 4
+    k: int, programs: int, block_k: int, sms: int, per_sm: int = 8, min_tiles: int = 4,
+    max_split: int = 1 << 30,
 ) -> int:
     """Split K (a power of two) until about ``per_sm`` programs per SM stream the weight: one
     program per strip of N columns leaves a narrow layer (N = 4,096 at a 32-column strip: 128
@@ -396,6 +416,7 @@ def auto_split(
     split = 1
     while (
         programs * split < per_sm * sms
+        and 2 * split <= max_split
         and k % (2 * split * block_k) == 0
         and k // (2 * split) >= min_tiles * block_k
     ):
@@ -489,25 +510,40 @@ def gemm(
     bias: torch.Tensor | None,
     group: int,
     bits: int = 4,
-    config: tuple[int, ...] | None = None,  # (block_m, block_n, block_k, num_warps[, stages])
+    config: tuple[int, ...] | None = None,  # (block_m, block_n, block_k, warps[, stages[, split_k]])
     mins: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x @ dequant(W) (+ bias)`` for a batch of rows, in ``x``'s dtype."""
+    """``x @ dequant(W) (+ bias)`` for a batch of rows, in ``x``'s dtype. The launch depends on
+    the rows (:func:`gemm_config`); where its tiles leave SMs idle (a narrow layer at a few
+    dozen rows: 32 tiles at N = 4,096), K is split as in :func:`gemv`, at most
+    ``GEMM_MAX_SPLIT`` ways (the last program of a tile reads every split's partials)."""
     x, out = _operands(x, qweight, zeros, scales, mins, group, bits)
     m, n, k = x.shape[0], out.shape[1], x.shape[1]
     if m == 0:
         return out
-    cfg = config or (GEMM_CONFIG if x.is_cuda else INTERPRET_GEMM_CONFIG)
-    bm, bn, bk, warps = cfg[:4]
-    stages = {"num_stages": cfg[4]} if len(cfg) > 4 else {}
+    if config is None:
+        config = gemm_config(m) if x.is_cuda else INTERPRET_GEMM_CONFIG
+    bm, bn, bk, warps = config[:4]
+    stages = {"num_stages": config[4]} if len(config) > 4 and config[4] else {}  # 0: default
     bk = max(16, _fit_block_k(bk, k, group))
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    _gemm_kernel[grid](
+    grid_m, grid_n = triton.cdiv(m, bm), triton.cdiv(n, bn)
+    if len(config) > 5:
+        split = config[5]
+    elif x.is_cuda:
+        split = auto_split(k, grid_m * grid_n, bk, sm_count(x.device.index), 1, 4, GEMM_MAX_SPLIT)
+    else:
+        split = 1
+    if split < 1 or k % (split * bk):
+        raise ValueError(f"w4a16: split_k {split} x block_k {bk} does not divide K = {k}")
+    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    counters = out if split == 1 else split_counters(x.device, grid_m * grid_n)
+    _gemm_kernel[(grid_m, grid_n, split)](
         x, qweight, zeros, scales, mins if mins is not None else scales,
-        bias if bias is not None else scales, out, m, n, k,
+        bias if bias is not None else scales, out, ws, counters, m, n, k, k // split,
         x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), out.stride(0),
-        GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, **stages,
+        GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None,
+        IEEE=x.dtype == torch.float32, SPLIT=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=warps, **stages,
     )  # fmt: skip
     return out
 
