@@ -42,6 +42,7 @@ GEMM_CONFIG = (64, 128, 64, 4)
 GEMM_CONFIG_LARGE = (128, 128, 64, 4)
 GEMM_LARGE_ROWS = 128
 GEMM_MAX_SPLIT = 8
+GEMV_ROWS = 2  # most rows the GEMV takes in ``linear``; the GEMM above (BENCHMARKS §9.2)
 INTERPRET_GEMV_CONFIG = (16, 16, 1)
 INTERPRET_GEMM_CONFIG = (16, 16, 16, 1)
 
@@ -561,9 +562,12 @@ def linear(
     few: bool,
     one_row: bool = True,
 ) -> torch.Tensor:
-    """The layers' entry: :func:`gemv` for a few rows (one row through the one-row kernel
-    unless ``one_row`` is off: ``kernel_config.gemv.int_one_row``), else :func:`gemm`."""
-    if few:
+    """The layers' entry: :func:`gemv` for one or two of the few rows the layer names ``few``
+    (one row through the one-row kernel unless ``one_row`` is off:
+    ``kernel_config.gemv.int_one_row``), else :func:`gemm`. From three rows on, the GEMM with
+    split-K beats the rows GEMV on every 8B linear (H100: gate_up 80 against 153 us at four
+    rows; at two, 80 against 72)."""
+    if few and x.shape[0] <= GEMV_ROWS:
         return gemv(x, qweight, zeros, scales, bias, group, bits, mins=mins,
                     one_row=None if one_row else False)  # fmt: skip
     return gemm(x, qweight, zeros, scales, bias, group, bits, mins=mins)

@@ -8,8 +8,8 @@ is in, ``finish_loading`` repacks them, once, into the layout the kernels read
 checkpoint copies. A tensor-parallel rank's act-order slice of a row-parallel layer's input rows
 is regrouped into padded chunks instead (``int_regroup.py``). At run time:
 
-- CUDA: the W4A16 GEMV up to ``kernel_config.gemv.max_m`` rows, the W4A16 GEMM above; an
-  act-order layer gathers x's columns into its permuted row order first.
+- CUDA: the W4A16 GEMV up to ``kernel_config.gemv.max_m`` rows (at most ``w4a16.GEMV_ROWS``),
+  the W4A16 GEMM above; an act-order layer gathers x's columns into its permuted row order first.
 - CPU: the weight is dequantized for the call (fp32, exactly ``(q - zero) * scale``) and
   multiplied in the original row order, as ``F.linear`` multiplies a full-precision layer; the
   packed words stay the only copy kept.
