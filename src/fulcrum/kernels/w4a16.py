@@ -390,18 +390,18 @@ def gemm_config(m: int) -> tuple[int, ...]:
     return GEMM_CONFIG if m <= GEMM_LARGE_ROWS else GEMM_CONFIG_LARGE
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
 
 
 def split_counters(device: torch.device, programs: int) -> torch.Tensor:
-    """The device's split-K counters, one per strip of columns, all zero between launches (each
-    strip's last program resets its own). Launches on one stream run one after another, so one
-    set serves every layer."""
-    cnt = _COUNTERS.get(device)
-    if cnt is None or cnt.numel() < programs:
-        cnt = torch.zeros(max(programs, 1 << 14), dtype=torch.int32, device=device)
-        _COUNTERS[device] = cnt
-    return cnt
+    """The device's split-K counters, one per output tile, all zero between launches (each
+    tile's last program resets its own). Launches on one stream run one after another, so one
+    set serves every layer. A larger set, where one is ever needed, joins the older ones
+    rather than replacing them: CUDA graphs captured earlier keep their addresses."""
+    sets = _COUNTERS.setdefault(device, [])
+    if not sets or sets[-1].numel() < programs:
+        sets.append(torch.zeros(max(programs, 1 << 14), dtype=torch.int32, device=device))
+    return sets[-1]
 
 
 def auto_split(
