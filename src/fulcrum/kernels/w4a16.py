@@ -202,9 +202,9 @@ def split_fixup(acc, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, ma
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     """Split-K's sum inside the kernel: this program stores its fp32 partial sums ``acc``
     (``[BLOCK_M, BLOCK_N]``) into ``ws[split]`` (``[SPLIT, M, N]``) and counts itself done on
-    its output tile's (``strip``) counter; the tile's last program adds the SPLIT partials in split order (the
-    same sums whichever program finishes last), adds the bias, stores the output and resets
-    the counter for the next launch. A separate sum would cost a launch and a pass over the
+    its output tile's counter (``strip``); the tile's last program adds the SPLIT partials in
+    split order (the same sums whichever program finishes last), adds the bias, stores the
+    output and resets the counter for the next launch. A separate sum would cost a launch and a pass over the
     partials per linear, most of a narrow layer's time at batch 1.
 
     The barrier puts every thread's stores before the count (one thread's release, as
@@ -261,9 +261,10 @@ def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K, K_SPLIT, stride_xm,
-                 stride_q, stride_z, stride_s, stride_om, GROUP: tl.constexpr, BITS: tl.constexpr,
-                 HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
+                 K_SPLIT, stride_xm, stride_q, stride_z, stride_s, stride_om,
+                 GROUP: tl.constexpr, BITS: tl.constexpr, HAS_MIN: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -292,10 +293,10 @@ def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt
 
 
 @triton.jit
-def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, K_SPLIT, stride_q, stride_z,
-                  stride_s, expo, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_MIN: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr):  # fmt: skip
+def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, K_SPLIT,
+                  stride_q, stride_z, stride_s, expo, GROUP: tl.constexpr, BITS: tl.constexpr,
+                  HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
     """One row of x. A tile lies inside one group, so its scale and zero come out of the sum:
     ``sum_k x_k (q_k - z) s + m sum_k x_k = s (sum_k x_k q_k - z sum_k x_k) + m sum_k x_k``,
     leaving about four instructions per weight in the compiled loop (mask, exact float, fused
