@@ -91,20 +91,28 @@ def _metadata() -> list[tuple]:
     return out
 
 
-def write_tiny_llama(path: str, types: dict[tuple[int, str], str], seed: int = 0) -> None:
+def write_tiny_llama(
+    path: str, types: dict[tuple[int, str], str], seed: int = 0, arch: str = "llama",
+    untied: bool = False,
+) -> None:
     """A 2-layer Llama (hidden 256, GQA 4/2 heads, VOCAB tokens) at ``path``; projection
-    ``(layer, gguf name)`` (``attn_q``, ``ffn_down``, ...) has ``types[...]`` (default Q4_K)."""
+    ``(layer, gguf name)`` (``attn_q``, ``ffn_down``, ...) has ``types[...]`` (default Q4_K).
+    ``arch="qwen2"``: the same shapes as a Qwen2 file, with q/k/v biases; ``untied``: an
+    ``output.weight`` (Q8_0) of its own instead of the embedding's."""
     import gguf
 
     over = {
-        "llama.block_count": LAYERS, "llama.embedding_length": HIDDEN,
-        "llama.feed_forward_length": INTER, "llama.attention.head_count": HEADS,
-        "llama.attention.head_count_kv": KV_HEADS, "llama.rope.dimension_count": HIDDEN // HEADS,
-        "llama.context_length": 512, "llama.vocab_size": VOCAB,
+        "block_count": LAYERS, "embedding_length": HIDDEN,
+        "feed_forward_length": INTER, "attention.head_count": HEADS,
+        "attention.head_count_kv": KV_HEADS, "rope.dimension_count": HIDDEN // HEADS,
+        "context_length": 512, "vocab_size": VOCAB,
     }  # fmt: skip
-    writer = gguf.GGUFWriter(path, "llama")
+    writer = gguf.GGUFWriter(path, arch)
     for key, value, vtype, sub in _metadata():
-        writer.add_key_value(key, over.get(key, value), vtype, sub_type=sub)
+        if key.startswith("llama."):
+            key = arch + key[len("llama") :]
+            value = over.get(key[len(arch) + 1 :], value)
+        writer.add_key_value(key, value, vtype, sub_type=sub)
     rng = np.random.default_rng(seed)
     writer.add_tensor(
         "token_embd.weight", (rng.standard_normal((VOCAB, HIDDEN)) * 0.5).astype(np.float16)
@@ -112,6 +120,10 @@ def write_tiny_llama(path: str, types: dict[tuple[int, str], str], seed: int = 0
     writer.add_tensor(
         "output_norm.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32)
     )
+    if untied:
+        w = (rng.standard_normal((VOCAB, HIDDEN)) * 0.5).astype(np.float32)
+        writer.add_tensor("output.weight", gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0),
+                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)  # fmt: skip
     head = HIDDEN // HEADS
     shapes = {"attn_q": (HIDDEN, HIDDEN), "attn_k": (KV_HEADS * head, HIDDEN),
               "attn_v": (KV_HEADS * head, HIDDEN), "attn_output": (HIDDEN, HIDDEN),
@@ -127,6 +139,9 @@ def write_tiny_llama(path: str, types: dict[tuple[int, str], str], seed: int = 0
             qtype = gguf.GGMLQuantizationType[t]
             blocks = quantize_k(w, t) if t.endswith("_K") else gguf.quants.quantize(w, qtype)
             writer.add_tensor(f"blk.{i}.{name}.weight", blocks, raw_dtype=qtype)
+            if arch == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
+                bias = (rng.standard_normal(n) * 0.5).astype(np.float32)
+                writer.add_tensor(f"blk.{i}.{name}.bias", bias)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

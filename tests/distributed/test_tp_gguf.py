@@ -2,7 +2,7 @@
 slice of a projection's blocks repacks into exactly that slice of the whole tensor's kernel
 layout (every packed type, both split directions, llama.cpp's Q/K row order undone per rank);
 greedy tokens at tp=2 (gloo, two ranks) equal tp=1 on tiny Llamas whose fused q/k/v and
-gate/up mix types; a rank's input slice that would split a block is refused at start-up with
+gate/up mix types, and on a Qwen2 with biases and an untied head; a rank's input slice that would split a block is refused at start-up with
 the layer, its type and the numbers."""
 
 from __future__ import annotations
@@ -60,9 +60,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FULCRUM_CACHE_DIR", str(root / "cache"))
         kinds = {name: t for name, (t, _) in FILES.items()} | {"q4k": {}}
-        out = {name: str(root / f"{name}.gguf") for name in kinds}
+        out = {name: str(root / f"{name}.gguf") for name in [*kinds, "qwen2"]}
         for seed, (name, t) in enumerate(kinds.items()):
             write_tiny_llama(out[name], t, seed=seed)
+        write_tiny_llama(out["qwen2"], FILES["legacy"][0], seed=7, arch="qwen2", untied=True)
         yield out
 
 
@@ -150,6 +151,28 @@ def test_tp2_greedy_equals_tp1(files: dict[str, str], name: str) -> None:
             assert _greedy(llm) == one
         finally:
             llm.core.shutdown()
+
+
+def test_tp2_qwen2_biases_and_untied_head(files: dict[str, str]) -> None:
+    """A Qwen2 file (q/k/v biases, its own Q8_0 ``output.weight``), packed at tp=2: each rank
+    holds its heads' bias rows and its vocabulary rows of the head, and greedy tokens equal
+    tp=1's, which equal transformers' on the file's dequantized weights."""
+    from fulcrum.model.loader.gguf_loader import convert_gguf
+    from model_factory import hf_greedy
+
+    one = _greedy(LLM(files["qwen2"], quantization="gguf", **ENGINE))
+    assert all(len(set(t)) > 3 for t in one)
+    assert one == hf_greedy(convert_gguf(files["qwen2"]), PROMPTS, 6)
+    llm = LLM(files["qwen2"], quantization="gguf", tensor_parallel_size=2, **ENGINE)
+    try:
+        model = llm.core.runner.model
+        qkv = model.model.layers[0].self_attn.qkv_proj
+        assert qkv.bias is not None and qkv.bias.shape[0] == qkv.out_features
+        assert qkv.bias.abs().min() > 0  # the file's biases, not a zero fill
+        assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+        assert _greedy(llm) == one
+    finally:
+        llm.core.shutdown()
 
 
 def test_input_slice_off_a_block_refused(files: dict[str, str]) -> None:
