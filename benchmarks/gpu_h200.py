@@ -282,6 +282,16 @@ def _alloc_retries() -> int:
     return int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
 
 
+def _budget_gib(llm) -> float | None:
+    """The device memory ``gpu_memory_utilization`` allows the engine."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    util = llm.config.cache_config.gpu_memory_utilization
+    return torch.cuda.mem_get_info()[1] * util / 2**30
+
+
 def _gpu_memory() -> dict:
     import torch
 
@@ -324,6 +334,9 @@ def phase_fulcrum(cap: float, kv_cache_dtype: str = "auto", fp8w: str | None = N
         "engine",
         build_s=time.perf_counter() - t0,
         timings=runner.timings,
+        graph_memory_mib={k: v / 2**20 for k, v in runner.graph_memory.items()},
+        budget_gib=_budget_gib(llm),
+        **_gpu_memory(),
         kv_tokens=llm.core.num_kv_tokens,
         graphs=runner.graphs.sizes if runner.graphs else None,
         config=engine,

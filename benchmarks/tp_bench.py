@@ -4,8 +4,10 @@ model does not fit).
 
 Per size: cold start (LLM construction: spawn, shard load, KV profiling, graph capture),
 offline throughput of N requests (random ids, ``--input-len`` in / ``--output-len`` out,
-``ignore_eos``), and batch-1 ITL at a ``--input-len`` context (the mean gap between tokens of
-one request: (time of 1 + k tokens - time of 1 token) / k).
+``ignore_eos``), batch-1 ITL at a ``--input-len`` context (the mean gap between tokens of
+one request: (time of 1 + k tokens - time of 1 token) / k), and GPU 0's memory in use after
+start-up and after the run against the ``gpu_memory_utilization`` budget (KV tokens and graph
+memory beside it).
 
     python benchmarks/tp_bench.py --model llama-3.1-8b --tp 1 2 4 8 [--num-requests 1000]
     python benchmarks/tp_bench.py --model llama-3.3-70b --tp 2 4 8 --json tp70b.json
@@ -38,6 +40,7 @@ def one(args: argparse.Namespace) -> dict:
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
     cold = time.perf_counter() - t0
+    started = _memory(llm)
     rng = random.Random(0)
     vocab = llm.config.model_config.vocab_size
 
@@ -61,9 +64,26 @@ def one(args: argparse.Namespace) -> dict:
         "cold_start_s": round(cold, 2), "itl_ms": round(itl * 1e3, 3),
         "throughput_tok_s": round(args.num_requests * args.output_len / dt, 1),
         "requests": args.num_requests, "input_len": args.input_len, "output_len": args.output_len,
+        **started, "gpu0_used_gib_after_run": _memory(llm)["gpu0_used_gib"],
     }  # fmt: skip
     llm.core.shutdown()
     return out
+
+
+def _memory(llm) -> dict:
+    """GPU 0's memory in use (CUDA's view: every allocation and cache of this process), the
+    budget ``gpu_memory_utilization`` sets, the KV pool and (one rank) the graphs' share."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(0)
+    runner = getattr(llm.core, "runner", None)
+    util = llm.config.cache_config.gpu_memory_utilization
+    return {
+        "gpu0_used_gib": round((total - free) / 2**30, 2),
+        "budget_gib": round(total * util / 2**30, 2),
+        "kv_tokens": llm.core.num_kv_tokens,
+        "graph_memory_mib": {k: round(v / 2**20) for k, v in getattr(runner, "graph_memory", {}).items()},
+    }
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

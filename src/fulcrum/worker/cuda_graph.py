@@ -24,7 +24,8 @@ The patch is the graph's first kernel (``graph_patch``): rows ``patch[0, i] >= 0
 previous step's tokens came from elsewhere (the sampler, an eager step), the runner fills them
 before the replay and stages every row off.
 
-Graphs are captured largest first so the smaller ones reuse the pool's memory, after one eager
+Graphs are captured largest first so the smaller ones reuse the pool's memory (a graph keeps
+only weak views of its outputs, ``weak_views``), after one eager
 step at the largest bucket (it grows the decode kernel's split-KV scratch once, outside any
 graph). Triton's variants are compiled before the loop, by compile-ahead's dry run
 (``capture_warmup``). Both switches are the engine's ``KernelConfig`` fields.
@@ -51,6 +52,26 @@ MAX_CAPTURE_SIZE = 512
 # forward(input_ids, positions, meta, out=None) -> (logits [num_tokens, vocab], greedy ids
 # [num_tokens], written into ``out`` when given)
 DecodeForward = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def weak_views(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Views of a captured graph's outputs that do not keep their pool memory allocated.
+
+    A replay's outputs are read before the next replay of any graph of the pool, so the later
+    captures may reuse that memory. Held for real, every bucket's outputs would stay: the decode
+    graphs' logits alone come to (sum of the buckets) x vocab x 2 bytes, 2.7 GB at 512 rows and
+    a 128k vocabulary, and each piecewise bucket would keep every layer's q/k/v and residual.
+    None of it would be in the KV profile, which runs before capture.
+    """
+    return tuple(_weak_view(t) for t in tensors)
+
+
+def _weak_view(t: torch.Tensor) -> torch.Tensor:
+    s = t.untyped_storage()
+    # the same construction torch's own CUDA-graph trees use for pool-owned outputs
+    weak = torch._C._construct_storage_from_data_pointer(s.data_ptr(), t.device, s.nbytes())
+    view = torch.empty(0, dtype=t.dtype, device=t.device)
+    return view.set_(weak, t.storage_offset(), t.shape, t.stride())
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -262,7 +283,8 @@ class DecodeGraphs:
                     g = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(g, pool=self.pool):
                         out = self._run_static(b)
-                    self.graphs[b], self.outputs[b] = g, out
+                    self.graphs[b], self.outputs[b] = g, weak_views(out)
+                    del out
             self.compiled_in_loop = compiled.n
             for r in compiled.reprs:
                 logger.info("Compiled in the decode-graph capture loop: %s", r)

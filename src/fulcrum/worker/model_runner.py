@@ -96,6 +96,9 @@ class ModelRunner:
         self._prev_rows: dict[str, int] = {}
         self.num_graph_verify_steps = 0  # verify steps replayed in a decode graph
         self.timings: dict[str, float] = {"weights_s": self.load_time}
+        # bytes each kind of CUDA graph added to the reserved memory at capture (after the KV
+        # pool was sized, so outside gpu_memory_utilization's profile)
+        self.graph_memory: dict[str, int] = {}
         self.draft: DraftModel | None = None  # speculative_config.method "draft_model"
         if config.draft_model_config is not None:
             self.draft = DraftModel(config, self.kv_dtype, self.max_blocks, kc)

@@ -19,8 +19,11 @@ eagerly in between::
           written). Attention leaves padding rows as they were and every op in a segment works
           row by row, so padding never reaches a real row.
 
-Graphs share one memory pool and are captured largest bucket first; a segment's outputs stay in
-the pool as the next segment's inputs, and the attention rows go through one static buffer.
+Graphs share one memory pool and are captured largest bucket first; a segment's outputs are held
+only while the next segment is captured (they are its inputs), then kept as weak views
+(``weak_views``): a replay's outputs are read before the next segment's replay writes over them,
+so the pool stays the size of one bucket's two neighbouring segments, not of every layer's
+outputs in every bucket. The attention rows go through one static buffer.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 
-from fulcrum.worker.cuda_graph import EmulatedGraph
+from fulcrum.worker.cuda_graph import EmulatedGraph, weak_views
 
 # attend(layer, q, k, v) -> attention rows [T, heads, head_dim] for this step's requests
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -122,9 +125,10 @@ class PiecewiseGraphs:
                     with torch.cuda.graph(g, pool=self.pool):
                         out = fn()
                 graphs.append(g)
-                outs.append(out)
-                prev = out
+                outs.append(out if self.emulate else weak_views(out))
+                prev = out  # held through the next segment's capture, which reads it
             self.graphs[t], self.outputs[t] = graphs, outs
+            prev = out = None  # the bucket's last outputs: free for the next bucket's capture
         if not self.emulate:
             torch.cuda.synchronize()
         self.capture_time = time.perf_counter() - t0

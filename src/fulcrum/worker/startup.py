@@ -240,6 +240,10 @@ def _capture(
     """Capture ``graphs``, record the seconds in ``runner.timings[timing]`` and log them (with
     ``note()``, read after the capture); False if it failed (an optimisation: those steps stay
     eager)."""
+    cuda = runner.device.type == "cuda"
+    if cuda:  # the eager warm-ups' cached blocks are not the graphs' memory
+        torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(runner.device) if cuda else 0
     try:
         dt = graphs.capture()
     except RuntimeError as e:
@@ -247,15 +251,20 @@ def _capture(
         return False
     runner.use_cuda_graphs = True
     runner.timings[timing] = dt
+    if cuda:
+        torch.cuda.empty_cache()
+    added = torch.cuda.memory_reserved(runner.device) - before if cuda else 0
+    runner.graph_memory[what] = added
     sizes = graphs.sizes
     logger.info(
-        "Captured %s graphs for %d %s %d..%d in %.2f s%s",
+        "Captured %s graphs for %d %s %d..%d in %.2f s, %.0f MiB%s",
         what,
         len(sizes),
         unit,
         sizes[0],
         sizes[-1],
         dt,
+        added / 2**20,
         note(),
     )
     return True
