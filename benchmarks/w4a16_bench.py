@@ -82,6 +82,13 @@ def bench_shape(name: str, args: argparse.Namespace) -> None:
                 variants[f"gemv1 {c}"] = (kernel(w4a16.gemv, cfg, one_row=True), copies)
         for c in args.gemm_configs:
             variants[f"gemm {c}"] = (kernel(w4a16.gemm, tuple(map(int, c.split(",")))), copies)
+        for c in args.gemm_t_configs:
+            cfg = tuple(map(int, c.split(",")))
+            variants[f"gemmT {c}"] = (kernel(w4a16.gemm, cfg, swap_ab=True), copies)
+        if args.dense:
+            variants["dense"] = (
+                lambda x, i: w4a16.dense_linear(x, qws[i], zeros, scales, None, GROUP, 4), copies
+            )
         variants["cublas bf16"] = (lambda x, i: F.linear(x, bfs[i]), bf16_copies)
         time_variants(row, variants, x, ref, args.rounds)
         print("RESULT " + json.dumps(row), flush=True)
@@ -124,6 +131,11 @@ def main() -> None:
         "--gemv1-configs", nargs="+", default=GEMV1_CONFIGS,
         help="the one-row GEMV's configs at m = 1 (block_n,block_k,num_warps[,split_k])",
     )
+    ap.add_argument(
+        "--gemm-t-configs", nargs="+", default=[],
+        help="configs of the GEMM with swapped operands (swap_ab: the weight as the MMA's A)",
+    )
+    ap.add_argument("--dense", action="store_true", help="also dequantize + cuBLAS")
     ap.add_argument("--rounds", type=int, default=5, help="timed replays (median)")
     args = ap.parse_args()
     import torch

@@ -137,6 +137,24 @@ def test_gemm_equals_reference(case) -> None:
     _run(w4a16.gemm, case, m * 1000 + k + n, tol=1e-4)
 
 
+@pytest.mark.parametrize("case", [(5, 64, 40, 16, 4, True), (9, 32, 24, 8, 8, False),
+                                  (6, 64, 16, 32, 4, "mins")])  # fmt: skip
+def test_swapped_gemm_and_dense_path_equal_reference(case) -> None:
+    """The GEMM with the weight as the MMA's first operand (``swap_ab``), with and without
+    split-K, and the dequantize-then-dense-GEMM path: each equals the reference."""
+    m, k, n = case[:3]
+    swapped = lambda *a, mins: w4a16.gemm(*a, mins=mins, swap_ab=True)  # noqa: E731
+    args, mn = _run(swapped, case, 9000 + m, (16, 16, 16, 1), tol=1e-4)
+    split = w4a16.gemm(*args, (16, 16, 16, 1, 0, 2), mins=mn, swap_ab=True)
+    torch.testing.assert_close(split, w4a16.gemm(*args, (16, 16, 16, 1), mins=mn, swap_ab=True),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    dense = w4a16.dense_linear(*args, mins=mn)
+    torch.testing.assert_close(dense, w4a16.gemm(*args, mins=mn), rtol=1e-4, atol=1e-4)
+    qw, z, s, group, bits = args[1], args[2], args[3], args[5], args[6]
+    w = w4a16.dequantize_dense(qw, z, s, group, bits, torch.float32, mn)
+    torch.testing.assert_close(w, w4a16.dequantize(qw, z, s, group, bits, mn), rtol=0, atol=0)
+
+
 def test_bad_shapes_are_refused() -> None:
     qw = torch.zeros(8, 16, dtype=torch.int32)
     z = torch.zeros(2, 16, dtype=torch.uint8)

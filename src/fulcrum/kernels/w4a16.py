@@ -42,6 +42,7 @@ GEMM_CONFIG = (64, 128, 64, 4)
 GEMM_CONFIG_LARGE = (128, 128, 64, 4)
 GEMM_LARGE_ROWS = 128
 GEMM_MAX_SPLIT = 8
+DEQUANT_CONFIG = (64, 128, 4)  # dequantize_dense's (block_k, block_n, num_warps)
 GEMV_ROWS = 2  # most rows the GEMV takes in ``linear``; the GEMM above (BENCHMARKS §9.2)
 INTERPRET_GEMV_CONFIG = (16, 16, 1)
 INTERPRET_GEMM_CONFIG = (16, 16, 16, 1)
@@ -258,6 +259,58 @@ def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt
         split_fixup(acc, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, M, N,
                     stride_om, pid_m * tl.num_programs(1) + pid_n, tl.program_id(2), HAS_BIAS,
                     SPLIT, BLOCK_M, BLOCK_N)  # fmt: skip
+
+
+@triton.jit
+def _gemm_t_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
+                   K_SPLIT, stride_xm, stride_q, stride_z, stride_s, stride_om, GROUP: tl.constexpr,
+                   BITS: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """``_gemm_kernel`` with the operands swapped: the tile of out^T = W^T x^T, so the weight
+    dequantized in registers is the MMA's first operand (Hopper's wgmma reads only its second
+    from shared memory) and the activations are the second."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    k_start = tl.program_id(2) * K_SPLIT
+    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = k < K
+        xt = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k[:, None],
+                     mask=mask_k[:, None] & mask_m[None, :], other=0.0)  # fmt: skip
+        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
+                          stride_q, stride_z, stride_s, GROUP, BITS, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
+        if IEEE:
+            acc = tl.dot(tl.trans(w), xt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(tl.trans(w.to(xt.dtype)), xt, acc)
+    out = tl.trans(acc)
+    if SPLIT == 1:
+        store_tile(out, out, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
+                   BLOCK_M, False)  # fmt: skip
+    else:
+        split_fixup(out, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, M, N,
+                    stride_om, pid_m * tl.num_programs(1) + pid_n, tl.program_id(2), HAS_BIAS,
+                    SPLIT, BLOCK_M, BLOCK_N)  # fmt: skip
+
+
+@triton.jit
+def _dequant_kernel(qw_ptr, z_ptr, s_ptr, m_ptr, out_ptr, N, K, stride_q, stride_z, stride_s,
+                    stride_o, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_MIN: tl.constexpr,
+                    BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    k0 = tl.program_id(0) * BLOCK_K
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = k0 + tl.arange(0, BLOCK_K)
+    mask_k, mask_n = k < K, offs_n < N
+    w = _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K, stride_q,
+                      stride_z, stride_s, GROUP, BITS, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
+    tl.store(out_ptr + k[:, None].to(tl.int64) * stride_o + offs_n[None, :],
+             w.to(out_ptr.dtype.element_ty), mask=mask_k[:, None] & mask_n[None, :])  # fmt: skip
 
 
 @triton.jit
@@ -514,8 +567,10 @@ def gemm(
     bits: int = 4,
     config: tuple[int, ...] | None = None,  # (block_m, block_n, block_k, warps[, stages[, split_k]])
     mins: torch.Tensor | None = None,
+    swap_ab: bool = False,
 ) -> torch.Tensor:
-    """``x @ dequant(W) (+ bias)`` for a batch of rows, in ``x``'s dtype. The launch depends on
+    """``x @ dequant(W) (+ bias)`` for a batch of rows, in ``x``'s dtype (``swap_ab``: through
+    ``_gemm_t_kernel``, the weight as the MMA's first operand). The launch depends on
     the rows (:func:`gemm_config`); where its tiles leave SMs idle (a narrow layer at a few
     dozen rows: 32 tiles at N = 4,096), K is split as in :func:`gemv`, at most
     ``GEMM_MAX_SPLIT`` ways (the last program of a tile reads every split's partials)."""
@@ -539,7 +594,8 @@ def gemm(
         raise ValueError(f"w4a16: split_k {split} x block_k {bk} does not divide K = {k}")
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     counters = out if split == 1 else split_counters(x.device, grid_m * grid_n)
-    _gemm_kernel[(grid_m, grid_n, split)](
+    kernel = _gemm_t_kernel if swap_ab else _gemm_kernel
+    kernel[(grid_m, grid_n, split)](
         x, qweight, zeros, scales, mins if mins is not None else scales,
         bias if bias is not None else scales, out, ws, counters, m, n, k, k // split,
         x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), out.stride(0),
@@ -548,6 +604,47 @@ def gemm(
         num_warps=warps, **stages,
     )  # fmt: skip
     return out
+
+
+def dequantize_dense(
+    qweight: torch.Tensor,
+    zeros: torch.Tensor,
+    scales: torch.Tensor,
+    group: int,
+    bits: int,
+    dtype: torch.dtype,
+    mins: torch.Tensor | None = None,
+    config: tuple[int, int, int] = DEQUANT_CONFIG,  # (block_k, block_n, num_warps)
+) -> torch.Tensor:
+    """The weight ``[K, N]`` in ``dtype``, dequantized as the kernels do (for a dense GEMM)."""
+    k, n = qweight.shape[0] * (32 // bits), qweight.shape[1]
+    out = torch.empty((k, n), dtype=dtype, device=qweight.device)
+    bk, bn, warps = config
+    bk = max(32 // bits, _fit_block_k(bk, k, group))
+    _dequant_kernel[(triton.cdiv(k, bk), triton.cdiv(n, bn))](
+        qweight, zeros, scales, mins if mins is not None else scales, out, n, k,
+        qweight.stride(0), zeros.stride(0), scales.stride(0), out.stride(0), GROUP=group,
+        BITS=bits, HAS_MIN=mins is not None, BLOCK_K=bk, BLOCK_N=bn, num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
+def dense_linear(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    zeros: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    group: int,
+    bits: int,
+    mins: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Dequantize the whole weight, then the dense GEMM (cuBLAS on CUDA): at many rows the
+    GEMM is compute-bound and the dense one runs at the tensor cores' pace, which repays
+    writing and re-reading the weight in ``x``'s dtype once per call."""
+    _check(x, qweight, zeros, scales, mins, group, bits)
+    w = dequantize_dense(qweight, zeros, scales, group, bits, x.dtype, mins)
+    return torch.mm(x, w) if bias is None else torch.addmm(bias.to(x.dtype), x, w)
 
 
 def linear(
