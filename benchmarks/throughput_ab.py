@@ -27,6 +27,9 @@
               before it (pdl.pre_release off)
     sortsampler  every sampled batch on the sorting sampler (fused_sampler off)
     fp8       the engine with an FP8 KV cache
+    int4[swap][dense<N>]  INT4 weights (GPTQ g128, dummy) + FP8 KV cache; ``swap``: the W4A16
+              GEMM with swapped operands, ``dense<N>``: from N rows dequantize + cuBLAS
+              (kernel_config.int_gemm)
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
               (block_n,num_warps,num_stages[,maxnreg])
 
@@ -87,6 +90,11 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         kc["attention"] = {"max_splits": int(name.removeprefix("splits"))}
     if name.startswith("minsplit"):
         kc["attention"] = {"min_split_tokens": int(name.removeprefix("minsplit"))}
+    if kind.startswith("int4"):  # INT4 (GPTQ g128) + FP8 KV: int4[swap][dense<rows>]
+        engine.update(quantization="gptq", kv_cache_dtype="fp8")
+        rest = kind.removeprefix("int4")
+        dense = rest.partition("dense")[2]
+        kc["int_gemm"] = {"swap_ab": "swap" in rest, "dense_rows": int(dense or 0)}
     if name == "tile2048":
         from fulcrum.kernels import gemv
 

@@ -400,6 +400,29 @@ class AttentionKernelConfig:
 
 
 @dataclass(frozen=True)
+class IntGemmConfig:
+    """INT4/INT8 weight-only layers (GPTQ, AWQ, GGUF legacy parts) at more rows than the GEMV
+    takes (``kernels/w4a16.py``)."""
+
+    swap_ab: bool = _knob(
+        False,
+        "The W4A16 GEMM computes out^T = W^T x^T, the weight dequantized in registers as the "
+        "MMA's first operand (on Hopper no shared-memory round trip for it).",
+    )
+    dense_rows: int = _knob(
+        0,
+        "From this many rows a layer dequantizes its weight and runs the dense GEMM (cuBLAS), "
+        "which repays writing the weight once where the GEMM is compute-bound; 0: never.",
+    )
+
+    def __post_init__(self) -> None:
+        if self.dense_rows < 0:
+            raise ValueError(
+                f"kernel_config.int_gemm.dense_rows must be >= 0, got {self.dense_rows}."
+            )
+
+
+@dataclass(frozen=True)
 class KernelConfig:
     """Which fast paths the engine takes and how its Triton kernels launch. Every field is a
     speed decision: outputs are the same either way (to the dtype's rounding)."""
@@ -412,6 +435,7 @@ class KernelConfig:
     pdl: PdlConfig = _section(PdlConfig, "Programmatic dependent launch.")
     gemv: GemvConfig = _section(GemvConfig, "The few-row linear-layer kernel.")
     attention: AttentionKernelConfig = _section(AttentionKernelConfig, "Triton attention.")
+    int_gemm: IntGemmConfig = _section(IntGemmConfig, "INT4/INT8 weight-only layers' GEMM.")
     rmsnorm_weight_first: bool = _knob(
         True, "RMSNorm loads its weight before the PDL wait (it is never written in a step)."
     )

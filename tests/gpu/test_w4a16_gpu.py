@@ -90,6 +90,19 @@ def test_gemm_8b_shapes(n: int, k: int, m: int) -> None:
     _check(w4a16.gemm(x, qw, z, s, None, 128), want)
 
 
+@pytest.mark.parametrize("n,k", SHAPES[2:])
+@pytest.mark.parametrize("m", [16, 136, 2048])
+def test_swapped_gemm_and_dense_path_8b_shapes(n: int, k: int, m: int) -> None:
+    """``kernel_config.int_gemm``'s paths: the GEMM with swapped operands (the engine's launch
+    config for ``m``) and dequantize + cuBLAS."""
+    qw, z, s = _weight(n, k, 128)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    want = w4a16.reference_matmul(x.float(), qw, z, s, b, 128, 4)
+    _check(w4a16.linear(x, qw, z, s, b, 128, 4, few=False, swap_ab=True), want)
+    _check(w4a16.linear(x, qw, z, s, b, 128, 4, few=False, dense_rows=m), want)
+
+
 @pytest.mark.parametrize("fn", [w4a16.gemv, w4a16.gemm])
 def test_8bit_and_one_group(fn) -> None:
     for bits, group in ((8, 128), (4, 4096)):

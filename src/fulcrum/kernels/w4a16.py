@@ -659,13 +659,18 @@ def linear(
     *,
     few: bool,
     one_row: bool = True,
+    swap_ab: bool = False,
+    dense_rows: int = 0,
 ) -> torch.Tensor:
     """The layers' entry: :func:`gemv` for one or two of the few rows the layer names ``few``
     (one row through the one-row kernel unless ``one_row`` is off:
     ``kernel_config.gemv.int_one_row``), else :func:`gemm`. From three rows on, the GEMM with
     split-K beats the rows GEMV on every 8B linear (H100: gate_up 80 against 153 us at four
-    rows; at two, 80 against 72)."""
+    rows; at two, 80 against 72). From ``dense_rows`` rows (0: never), :func:`dense_linear`;
+    ``swap_ab``: the GEMM with swapped operands (``kernel_config.int_gemm``)."""
     if few and x.shape[0] <= GEMV_ROWS:
         return gemv(x, qweight, zeros, scales, bias, group, bits, mins=mins,
                     one_row=None if one_row else False)  # fmt: skip
-    return gemm(x, qweight, zeros, scales, bias, group, bits, mins=mins)
+    if 0 < dense_rows <= x.shape[0]:
+        return dense_linear(x, qweight, zeros, scales, bias, group, bits, mins)
+    return gemm(x, qweight, zeros, scales, bias, group, bits, mins=mins, swap_ab=swap_ab)

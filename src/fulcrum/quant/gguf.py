@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fulcrum.config import KernelConfig
 from fulcrum.kernels import GEMV_MAX_M, kquant, w4a16
 from fulcrum.kernels.dispatch import Configured, use_triton
 from fulcrum.quant.base import QuantMethod, register_quant_method
@@ -102,10 +103,12 @@ class _SmallPart(nn.Module):
         )
 
     def run(
-        self, x: torch.Tensor, bias: torch.Tensor | None, few: bool, one_row: bool = True
+        self, x: torch.Tensor, bias: torch.Tensor | None, few: bool, kc: KernelConfig
     ) -> torch.Tensor:
+        g = kc.int_gemm
         return w4a16.linear(x, self.qweight, self.zeros, self.scales, bias, BLOCK, self.bits,
-                            self.mins, few=few, one_row=one_row)  # fmt: skip
+                            self.mins, few=few, one_row=kc.gemv.int_one_row,
+                            swap_ab=g.swap_ab, dense_rows=g.dense_rows)  # fmt: skip
 
 
 class _KPart(nn.Module):
@@ -128,8 +131,8 @@ class _KPart(nn.Module):
         return kquant.dequantize(self.packed()).t()
 
     def run(
-        self, x: torch.Tensor, bias: torch.Tensor | None, few: bool, one_row: bool = True
-    ) -> torch.Tensor:  # one_row: the legacy parts' switch; K-quants have one GEMV
+        self, x: torch.Tensor, bias: torch.Tensor | None, few: bool, kc: KernelConfig
+    ) -> torch.Tensor:  # kc: the legacy parts' switches; K-quants have one GEMV and one GEMM
         return (kquant.gemv if few else kquant.gemm)(x, self.packed(), bias)
 
 
@@ -209,11 +212,10 @@ class GgufLinear(Configured, nn.Module):
             y = F.linear(x2, self.dequantized_weight().to(x.dtype), self.bias)
         else:
             few = x2.shape[0] <= min(kc.gemv.max_m, GEMV_MAX_M)
-            one = kc.gemv.int_one_row
             if len(self.parts) == 1:
-                y = self.parts[0].run(x2, self.bias, few, one)
+                y = self.parts[0].run(x2, self.bias, few, kc)
             else:
-                y = torch.cat([p.run(x2, None, few, one) for p in self.parts], dim=-1)
+                y = torch.cat([p.run(x2, None, few, kc) for p in self.parts], dim=-1)
                 y = y if self.bias is None else y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
