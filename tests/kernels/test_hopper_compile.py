@@ -51,6 +51,8 @@ with compile_for_hopper() as built:
             for m, cfg in ((64, w4a16.GEMM_CONFIG + (0, 4)), (512, w4a16.GEMM_CONFIG_LARGE)):
                 x = torch.empty(m, k, dtype=torch.bfloat16)
                 w4a16.gemm(x, qweight, zeros, scales, None, group, bits, cfg, m_)
+                w4a16.gemm(x, qweight, zeros, scales, None, group, bits, cfg, m_, swap_ab=True)
+            w4a16.dequantize_dense(qweight, zeros, scales, group, bits, torch.bfloat16, m_)
 check_fits(built)
 print(sorted({(c.name, c.shared) for c in built}))
 """
@@ -64,3 +66,4 @@ def test_fused_moe_kernels_build_for_hopper() -> None:
 def test_w4a16_kernels_build_for_hopper() -> None:
     out = run_in_subprocess(_W4A16)
     assert "_gemv_kernel" in out and "_gemv1_kernel" in out and "_gemm_kernel" in out
+    assert "_gemm_t_kernel" in out and "_dequant_kernel" in out
