@@ -67,7 +67,9 @@ def test_embedded_model_text_via_strings(smol_llm, smol_reference, smollm_tokeni
 
 @pytest.mark.parametrize("async_scheduling", ["off", "on"])
 def test_embedded_model_chunked_prefill_and_preemption(smol_prompts, smol_reference, async_scheduling):
-    # 7-token chunks and a pool of 12 blocks: prompts are chunked and requests get preempted.
+    # 7-token chunks and a pool of 12 blocks: prompts are chunked and requests get preempted
+    # (9 requests of up to 34 tokens against 192 slots; all 17 would mostly re-prefill).
+    n = 9
     llm = LLM(
         dtype="float32",
         device="cpu",
@@ -76,7 +78,7 @@ def test_embedded_model_chunked_prefill_and_preemption(smol_prompts, smol_refere
         enable_prefix_caching=False,
         async_scheduling=async_scheduling,
     )
-    assert _greedy(llm, smol_prompts) == smol_reference
+    assert _greedy(llm, smol_prompts[:n]) == smol_reference[:n]
     assert llm.stats()["num_preemptions_total"] > 0
 
 
