@@ -22,31 +22,51 @@ import json
 import statistics
 import time
 
-CODE = '''def load_users(path):
-    users = []
+# Each copy-heavy prompt is the task as a user would pose it, in a form SmolLM2-135M-Instruct
+# carries out under greedy decoding, if imperfectly: it reproduces the fenced code with the
+# change attempted, summarizes in the passage's own sentences, fills the template's keys and
+# continues the list. (An unfenced code block it did not reproduce, and a passage it
+# paraphrased, measured the model failing the task rather than copying.)
+CODE = """import csv
+
+
+def read_scores(path):
+    scores = {}
     with open(path) as f:
-        for line in f:
-            name, age = line.strip().split(",")
-            users.append({"name": name, "age": int(age)})
-    return users
+        reader = csv.reader(f)
+        for name, score in reader:
+            scores[name] = int(score)
+    return scores
 
 
-def oldest(users):
-    return max(users, key=lambda u: u["age"])
-'''
+def average(scores):
+    return sum(scores.values()) / len(scores)
+
+
+def best(scores):
+    return max(scores, key=scores.get)
+
+
+if __name__ == "__main__":
+    scores = read_scores("scores.csv")
+    print("average:", average(scores))
+    print("best:", best(scores))
+"""
 
 TEXT = (
-    "The lighthouse at Point Reyes was built in 1870. Its first-order Fresnel lens, made in "
-    "France, has 1,032 pieces of glass and could be seen 24 nautical miles out to sea. The "
-    "keepers climbed 308 steps each night to wind the clockwork that turned the lens. Fog is "
-    "so common here that the station also had a steam-powered foghorn."
+    "Honeybees live in colonies of up to 60,000 workers. A worker bee lives for about six weeks "
+    "in summer. During that time she cleans cells, feeds larvae, builds wax comb and guards the "
+    "entrance before she finally leaves the hive to collect nectar. A single bee makes about one "
+    "twelfth of a teaspoon of honey in her whole life. To make one pound of honey, the bees of a "
+    "hive must visit about two million flowers."
 )
 
 COPY = [
-    "Rewrite this Python code, renaming the function load_users to read_users. Output only "
-    "the full code.\n\n" + CODE,
-    "Summarize this passage in three sentences, quoting its exact words wherever you can:\n\n"
-    + TEXT,
+    "Here is my Python code:\n\n```python\n" + CODE + "```\n\nRewrite the code with one "
+    "change: the function average should return 0 when scores is empty. Output the complete "
+    "code.",
+    "Summarize this passage for a school report. Use direct quotes from the passage, in "
+    "quotation marks, for the key facts.\n\nPassage:\n" + TEXT,
     "Fill in this JSON template for a user named Alice Smith, aged 34, living in Paris, "
     'email alice@example.com. Output only the JSON.\n\n{"user": {"first_name": "", '
     '"last_name": "", "age": 0, "address": {"city": "", "country": ""}, "email": ""}}',

@@ -74,8 +74,10 @@ class ModelRunner:
         )
         torch.manual_seed(mc.seed)
         self.model, self.load_time = load_model(mc, self.attn_backend, self.device, kc)
-        if config.speculative_config is not None and kc.cpu_packed_linear:  # verify steps
-            pack_linear_weights(self.model, Linear)
+        self.packed_rows = None  # row counts of the oneDNN-packed CPU weights, if any
+        if kc.cpu_packed_linear:
+            spec = config.speculative_config is not None  # verify steps of 2 to k + 1 rows
+            self.packed_rows = pack_linear_weights(self.model, Linear, spec)
         self.vocab_size = mc.vocab_size
         self.sampling = StepSampler(self.device, self.vocab_size, kc)
         self.kv_caches: list[torch.Tensor] = []

@@ -13,16 +13,18 @@ from fulcrum.kernels import GEMV_MAX_M
 from fulcrum.kernels.dispatch import Configured, use_triton
 from fulcrum.model.layers.activation import silu_and_mul
 from fulcrum.model.layers.norm import RMSNorm
-from fulcrum.model.layers.packed_cpu import PACKED_MAX_ROWS, packed_linear
+from fulcrum.model.layers.packed_cpu import PackedRows, packed_linear
 
 
 class Linear(Configured, nn.Linear):
     """A decode step of up to ``kernel_config.gemv.max_m`` requests runs the GEMV, measured
     faster than cuBLAS on every linear layer of an 8B model at batch 1; anything larger runs
-    the BLAS GEMM. On the CPU a step of a few rows takes the weight's oneDNN-packed copy where
-    it has one (``packed_cpu.py``)."""
+    the BLAS GEMM. On the CPU the row counts of ``packed_rows`` take the weight's oneDNN-packed
+    copy where it has one (``packed_cpu.py``; ``weight`` is None where that copy serves every
+    row count)."""
 
     packed: torch.Tensor | None = None
+    packed_rows: PackedRows = PackedRows()
 
     def gemv_operands(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(weight, bias, per-row scale) as the GEMV takes them (``norm_linear``)."""
@@ -38,8 +40,11 @@ class Linear(Configured, nn.Linear):
                 g = kc.gemv
                 if gemv.use_gemv(x, self.weight, g.max_m):
                     return gemv.gemv(x, self.weight, self.bias, pdl_cfg=kc.pdl, launch=g.launch)
-        if self.packed is not None and 1 < x.shape[0] <= PACKED_MAX_ROWS and x.dim() == 2:
-            return packed_linear(x, self.packed, self.bias)
+        if self.packed is not None and self.packed_rows.serves(x):
+            if x.dim() == 2:
+                return packed_linear(x, self.packed, self.bias)
+            y = packed_linear(x.reshape(-1, x.shape[-1]), self.packed, self.bias)
+            return y.reshape(*x.shape[:-1], y.shape[-1])
         return F.linear(x, self.weight, self.bias)
 
 
