@@ -231,70 +231,48 @@ def split_fixup(acc, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, ma
 def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
                  K_SPLIT, stride_xm, stride_q, stride_z, stride_s, stride_om, GROUP: tl.constexpr,
                  BITS: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+                 IEEE: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """A [BLOCK_M, BLOCK_N] output tile. ``SWAP``: the tile of out^T = W^T x^T, so the weight
+    dequantized in registers is the MMA's first operand (Hopper's wgmma reads only its second
+    from shared memory; unswapped, each weight tile is stored there before the MMA)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k_start = tl.program_id(2) * K_SPLIT  # split-K: this program's K_SPLIT rows
     for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         mask_k = k < K
-        x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + k[None, :],
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
         w = _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
                           stride_q, stride_z, stride_s, GROUP, BITS, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
-        if IEEE:  # fp32 activations: no TF32 rounding
-            acc = tl.dot(x, w, acc, input_precision="ieee")
+        if SWAP:
+            xt = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k[:, None],
+                         mask=mask_k[:, None] & mask_m[None, :], other=0.0)  # fmt: skip
+            if IEEE:  # fp32 activations: no TF32 rounding
+                acc = tl.dot(tl.trans(w), xt, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(tl.trans(w.to(xt.dtype)), xt, acc)
         else:
-            acc = tl.dot(x, w.to(x.dtype), acc)
+            x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + k[None, :],
+                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
+            if IEEE:
+                acc = tl.dot(x, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, w.to(x.dtype), acc)
+    if SWAP:
+        acc = tl.trans(acc)
     if SPLIT == 1:
         store_tile(acc, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
                    BLOCK_M, False)  # fmt: skip
     else:
         split_fixup(acc, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, M, N,
-                    stride_om, pid_m * tl.num_programs(1) + pid_n, tl.program_id(2), HAS_BIAS,
-                    SPLIT, BLOCK_M, BLOCK_N)  # fmt: skip
-
-
-@triton.jit
-def _gemm_t_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
-                   K_SPLIT, stride_xm, stride_q, stride_z, stride_s, stride_om, GROUP: tl.constexpr,
-                   BITS: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """``_gemm_kernel`` with the operands swapped: the tile of out^T = W^T x^T, so the weight
-    dequantized in registers is the MMA's first operand (Hopper's wgmma reads only its second
-    from shared memory) and the activations are the second."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    k_start = tl.program_id(2) * K_SPLIT
-    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = k < K
-        xt = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k[:, None],
-                     mask=mask_k[:, None] & mask_m[None, :], other=0.0)  # fmt: skip
-        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
-                          stride_q, stride_z, stride_s, GROUP, BITS, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
-        if IEEE:
-            acc = tl.dot(tl.trans(w), xt, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(tl.trans(w.to(xt.dtype)), xt, acc)
-    out = tl.trans(acc)
-    if SPLIT == 1:
-        store_tile(out, out, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
-                   BLOCK_M, False)  # fmt: skip
-    else:
-        split_fixup(out, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, M, N,
                     stride_om, pid_m * tl.num_programs(1) + pid_n, tl.program_id(2), HAS_BIAS,
                     SPLIT, BLOCK_M, BLOCK_N)  # fmt: skip
 
@@ -569,8 +547,8 @@ def gemm(
     mins: torch.Tensor | None = None,
     swap_ab: bool = False,
 ) -> torch.Tensor:
-    """``x @ dequant(W) (+ bias)`` for a batch of rows, in ``x``'s dtype (``swap_ab``: through
-    ``_gemm_t_kernel``, the weight as the MMA's first operand). The launch depends on
+    """``x @ dequant(W) (+ bias)`` for a batch of rows, in ``x``'s dtype (``swap_ab``: the
+    weight as the MMA's first operand). The launch depends on
     the rows (:func:`gemm_config`); where its tiles leave SMs idle (a narrow layer at a few
     dozen rows: 32 tiles at N = 4,096), K is split as in :func:`gemv`, at most
     ``GEMM_MAX_SPLIT`` ways (the last program of a tile reads every split's partials)."""
@@ -594,14 +572,13 @@ def gemm(
         raise ValueError(f"w4a16: split_k {split} x block_k {bk} does not divide K = {k}")
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     counters = out if split == 1 else split_counters(x.device, grid_m * grid_n)
-    kernel = _gemm_t_kernel if swap_ab else _gemm_kernel
-    kernel[(grid_m, grid_n, split)](
+    _gemm_kernel[(grid_m, grid_n, split)](
         x, qweight, zeros, scales, mins if mins is not None else scales,
         bias if bias is not None else scales, out, ws, counters, m, n, k, k // split,
         x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), out.stride(0),
         GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None,
-        IEEE=x.dtype == torch.float32, SPLIT=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=warps, **stages,
+        IEEE=x.dtype == torch.float32, SPLIT=split, SWAP=swap_ab, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=bk, num_warps=warps, **stages,
     )  # fmt: skip
     return out
 
