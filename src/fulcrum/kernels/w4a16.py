@@ -250,22 +250,20 @@ def _gemm_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt
     for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         mask_k = k < K
-        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
-                          stride_q, stride_z, stride_s, GROUP, BITS, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
-        if SWAP:
-            xt = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k[:, None],
-                         mask=mask_k[:, None] & mask_m[None, :], other=0.0)  # fmt: skip
-            if IEEE:  # fp32 activations: no TF32 rounding
-                acc = tl.dot(tl.trans(w), xt, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(tl.trans(w.to(xt.dtype)), xt, acc)
+        if SWAP:  # x^T's tile [BLOCK_K, BLOCK_M]
+            x = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k[:, None],
+                        mask=mask_k[:, None] & mask_m[None, :], other=0.0)  # fmt: skip
         else:
             x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + k[None, :],
                         mask=mask_m[:, None] & mask_k[None, :], other=0.0)  # fmt: skip
-            if IEEE:
-                acc = tl.dot(x, w, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, w.to(x.dtype), acc)
+        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
+                          stride_q, stride_z, stride_s, GROUP, BITS, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
+        if not IEEE:
+            w = w.to(x.dtype)
+        if SWAP:
+            acc = tl.dot(tl.trans(w), x, acc, input_precision="ieee" if IEEE else None)
+        else:  # fp32 activations (IEEE): no TF32 rounding
+            acc = tl.dot(x, w, acc, input_precision="ieee" if IEEE else None)
     if SWAP:
         acc = tl.trans(acc)
     if SPLIT == 1:

@@ -74,10 +74,9 @@ class ModelRunner:
         )
         torch.manual_seed(mc.seed)
         self.model, self.load_time = load_model(mc, self.attn_backend, self.device, kc)
-        self.packed_rows = None  # row counts of the oneDNN-packed CPU weights, if any
         if kc.cpu_packed_linear:
             spec = config.speculative_config is not None  # verify steps of 2 to k + 1 rows
-            self.packed_rows = pack_linear_weights(self.model, Linear, spec)
+            pack_linear_weights(self.model, Linear, spec)
         self.vocab_size = mc.vocab_size
         self.sampling = StepSampler(self.device, self.vocab_size, kc)
         self.kv_caches: list[torch.Tensor] = []
