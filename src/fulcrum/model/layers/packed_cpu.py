@@ -2,10 +2,9 @@
 
 ``F.linear`` runs the BLAS (MKL) GEMM on the ``[out, in]`` weight; oneDNN's linear on a weight
 packed once into its blocked layout is another kernel for the same product. Which is faster
-depends on the CPU and the row count: on an AMD EPYC (Zen 5, AVX-512) the packed copy took 0.58x
-MKL's time for a one-row step of SmolLM2-135M's layers, 0.35x at 2-9 rows and 0.43x at 64-512
-rows (MKL does not take its AVX-512 paths there); MKL elsewhere may win at one row. So the
-choice is measured at start-up, once per process and model (``measure_packed_rows``): one-row
+depends on the CPU and the row count (where MKL does not take its AVX-512 paths, as on some AMD
+parts, the packed copy wins at every row count; elsewhere MKL may win at one row; figures in
+BENCHMARKS.md §10 and §12.1), so the choice is measured at start-up, once per process and model (``measure_packed_rows``): one-row
 steps over the model's own layers (memory-bound, as decode is) and a 256-row step of one layer
 (compute-bound, as prefill is). The packed copy then serves
 
