@@ -10,7 +10,11 @@ method; each prompt runs under every method in turn, ``--repeats`` times (median
 
     PYTHONPATH=src python benchmarks/spec_decode_cpu.py [--max-tokens 128] [--k 4]
         [--methods none ngram suffix] [--sets copy open] [--prompts N] [--repeats R]
-        [--json out.json]
+        [--json out.json] [--device cuda --dtype bfloat16]
+
+On a GPU (``--device cuda``) the same runs measure real acceptance with the real model at the
+GPU's step cost; greedy text may then differ from the run without speculation where bf16
+verify rows round differently from decode rows.
 
 Prints one ``RESULT {json}`` line per (set, method).
 """
@@ -88,13 +92,13 @@ SPECS = {
 }
 
 
-def make_llm(method: str, k: int):
+def make_llm(method: str, k: int, device: str, dtype: str):
     from fulcrum import LLM, SamplingParams
 
     spec = SPECS[method]
     if spec is not None:
         spec = {**spec, "num_speculative_tokens": k}
-    llm = LLM(dtype="float32", device="cpu", speculative_config=spec)
+    llm = LLM(dtype=dtype, device=device, speculative_config=spec)
     llm.generate(["Hello"], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     return llm
 
@@ -174,8 +178,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=None, help="the first N prompts of each set")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each set; medians reported")
     ap.add_argument("--json", help="write every result here")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda for the same runs on a GPU")
+    ap.add_argument("--dtype", default="float32", help="weights' and activations' dtype")
     args = ap.parse_args()
-    llms = {m: make_llm(m, args.k) for m in args.methods}
+    llms = {m: make_llm(m, args.k, args.device, args.dtype) for m in args.methods}
     results = []
     for name in args.sets:
         prompts = (COPY if name == "copy" else OPEN)[: args.prompts]

@@ -155,6 +155,19 @@ def test_swapped_gemm_and_dense_path_equal_reference(case) -> None:
     torch.testing.assert_close(w, w4a16.dequantize(qw, z, s, group, bits, mn), rtol=0, atol=0)
 
 
+def test_dense_scratch_is_shared_and_only_grows() -> None:
+    """Every layer's dense path dequantizes into one buffer per device and dtype; a larger
+    request adds a buffer and keeps the older one (CUDA graphs may hold its address)."""
+    cpu = torch.device("cpu")
+    a = w4a16.dense_scratch(1 << 20, torch.float16, cpu)
+    b = w4a16.dense_scratch(1 << 10, torch.float16, cpu)
+    assert b.data_ptr() == a.data_ptr() and b.numel() == 1 << 10
+    c = w4a16.dense_scratch((1 << 20) + 1, torch.float16, cpu)
+    assert c.data_ptr() != a.data_ptr()
+    assert any(t.data_ptr() == a.data_ptr() for t in w4a16._SCRATCH[(cpu, torch.float16)])
+    assert w4a16.dense_scratch(8, torch.float32, cpu).dtype == torch.float32
+
+
 def test_bad_shapes_are_refused() -> None:
     qw = torch.zeros(8, 16, dtype=torch.int32)
     z = torch.zeros(2, 16, dtype=torch.uint8)

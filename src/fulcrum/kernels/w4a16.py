@@ -581,6 +581,23 @@ def gemm(
     return out
 
 
+_SCRATCH: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+
+
+def dense_scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The buffer :func:`dense_linear` dequantizes each weight into, one per device and dtype:
+    layers run one after another on one stream, so they share it. The KV cache's profiling
+    forward (every layer at the step's full token count) grows it to the largest layer before
+    any CUDA graph is captured, so the budget counts it once and the graphs keep no copy of
+    their own (a graph's private pool would hold one per captured bucket). A larger buffer
+    joins the older ones rather than replacing them: graphs captured earlier keep their
+    addresses."""
+    bufs = _SCRATCH.setdefault((device, dtype), [])
+    if not bufs or bufs[-1].numel() < numel:
+        bufs.append(torch.empty(numel, dtype=dtype, device=device))
+    return bufs[-1][:numel]
+
+
 def dequantize_dense(
     qweight: torch.Tensor,
     zeros: torch.Tensor,
@@ -590,10 +607,13 @@ def dequantize_dense(
     dtype: torch.dtype,
     mins: torch.Tensor | None = None,
     config: tuple[int, int, int] = DEQUANT_CONFIG,  # (block_k, block_n, num_warps)
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The weight ``[K, N]`` in ``dtype``, dequantized as the kernels do (for a dense GEMM)."""
+    """The weight ``[K, N]`` in ``dtype``, dequantized as the kernels do (for a dense GEMM),
+    into ``out`` where given."""
     k, n = qweight.shape[0] * (32 // bits), qweight.shape[1]
-    out = torch.empty((k, n), dtype=dtype, device=qweight.device)
+    if out is None:
+        out = torch.empty((k, n), dtype=dtype, device=qweight.device)
     bk, bn, warps = config
     bk = max(32 // bits, _fit_block_k(bk, k, group))
     _dequant_kernel[(triton.cdiv(k, bk), triton.cdiv(n, bn))](
@@ -618,7 +638,9 @@ def dense_linear(
     GEMM is compute-bound and the dense one runs at the tensor cores' pace, which repays
     writing and re-reading the weight in ``x``'s dtype once per call."""
     _check(x, qweight, zeros, scales, mins, group, bits)
-    w = dequantize_dense(qweight, zeros, scales, group, bits, x.dtype, mins)
+    k, n = qweight.shape[0] * (32 // bits), qweight.shape[1]
+    w = dense_scratch(k * n, x.dtype, x.device).view(k, n)
+    w = dequantize_dense(qweight, zeros, scales, group, bits, x.dtype, mins, out=w)
     return torch.mm(x, w) if bias is None else torch.addmm(bias.to(x.dtype), x, w)
 
 
