@@ -92,13 +92,16 @@ SPECS = {
 }
 
 
-def make_llm(method: str, k: int, device: str, dtype: str):
+def make_llm(method: str, k: int, device: str, dtype: str, share: float = 0.9):
     from fulcrum import LLM, SamplingParams
 
     spec = SPECS[method]
     if spec is not None:
         spec = {**spec, "num_speculative_tokens": k}
-    llm = LLM(dtype=dtype, device=device, speculative_config=spec)
+    # One engine per method lives in this process: on a GPU each takes its share of memory
+    # (``gpu_memory_utilization`` counts the whole device's use).
+    mem = {"gpu_memory_utilization": share} if device != "cpu" else {}
+    llm = LLM(dtype=dtype, device=device, speculative_config=spec, **mem)
     llm.generate(["Hello"], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     return llm
 
@@ -181,7 +184,11 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu, or cuda for the same runs on a GPU")
     ap.add_argument("--dtype", default="float32", help="weights' and activations' dtype")
     args = ap.parse_args()
-    llms = {m: make_llm(m, args.k, args.device, args.dtype) for m in args.methods}
+    n = len(args.methods)
+    llms = {
+        m: make_llm(m, args.k, args.device, args.dtype, 0.9 * (i + 1) / n)
+        for i, m in enumerate(args.methods)
+    }
     results = []
     for name in args.sets:
         prompts = (COPY if name == "copy" else OPEN)[: args.prompts]

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fulcrum.config import PdlConfig
+from fulcrum.kernels import pdl
 from fulcrum.kernels.pdl import sm_count
 
 # (block_n, block_k, num_warps) on CUDA; not tuned (benchmarks/w4a16_bench.py sweeps them)
@@ -322,10 +324,43 @@ def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt
 
 
 @triton.jit
+def _gemv1_tile(acc, lo, x_ptr, z_ptr, s_ptr, m_ptr, k0, offs_n, mask_n, offs_r, stride_z, stride_s,
+                expo, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_MIN: tl.constexpr,
+                BLOCK_N: tl.constexpr, R: tl.constexpr):  # fmt: skip
+    """``acc`` plus one K tile of :func:`_gemv1_kernel`: ``lo`` holds the tile's packed words."""
+    PACK: tl.constexpr = 32 // BITS
+    HALF: tl.constexpr = PACK // 2
+    MASK: tl.constexpr = (1 << BITS) - 1
+    hi = (lo.to(tl.uint32, bitcast=True) >> 16).to(tl.int32, bitcast=True)
+    part = tl.zeros([BLOCK_N], dtype=tl.float32)
+    xsum = tl.zeros([R], dtype=tl.float32)
+    for j in tl.static_range(PACK):
+        pos = BITS * (j % HALF)
+        if j < HALF:
+            word = lo
+        else:
+            word = hi
+        e = expo - (pos << 23)  # float bits of 2**(23 - pos)
+        q = ((word & (MASK << pos)) | e).to(tl.float32, bitcast=True)
+        q = q - e.to(tl.float32, bitcast=True)  # exact: the value as a float
+        xj = tl.load(x_ptr + k0 + offs_r * PACK + j).to(tl.float32)
+        part += tl.sum(xj[:, None] * q, axis=0)
+        xsum += xj
+    xs = tl.sum(xsum, axis=0)
+    g = k0 // GROUP
+    z = tl.load(z_ptr + g * stride_z + offs_n, mask=mask_n, other=0).to(tl.float32)
+    sc = tl.load(s_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    acc += sc * (part - z * xs)
+    if HAS_MIN:
+        acc += tl.load(m_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32) * xs
+    return acc
+
+
+@triton.jit
 def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, K_SPLIT,
                   stride_q, stride_z, stride_s, expo, GROUP: tl.constexpr, BITS: tl.constexpr,
                   HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """One row of x. A tile lies inside one group, so its scale and zero come out of the sum:
     ``sum_k x_k (q_k - z) s + m sum_k x_k = s (sum_k x_k q_k - z sum_k x_k) + m sum_k x_k``,
     leaving about four instructions per weight in the compiled loop (mask, exact float, fused
@@ -337,42 +372,27 @@ def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cn
     the exponent that makes their unit 1, minus that power of two. ``expo`` (always
     ``150 << 23``, the bits of 2**23) arrives as an argument so that the exponents stay in
     registers: with both mask and exponent as immediates the compiler spends two logic
-    instructions per weight instead of one."""
+    instructions per weight instead of one.
+
+    Launched with PDL (``kernels/pdl.py``), the first tile's words are read before the wait
+    (weights are never written during a step), so they stream while the kernel before
+    finishes; the first tile is peeled off the loop to keep them in registers."""
     PACK: tl.constexpr = 32 // BITS
-    HALF: tl.constexpr = PACK // 2
-    MASK: tl.constexpr = (1 << BITS) - 1
     R: tl.constexpr = BLOCK_K // PACK
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     offs_r = tl.arange(0, R)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     k_start = tl.program_id(1) * K_SPLIT
-    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
-        rows = k0 // PACK + offs_r
-        lo = tl.load(qw_ptr + rows[:, None] * stride_q + offs_n[None, :], mask=mask_n[None, :],
-                     other=0)  # fmt: skip
-        hi = (lo.to(tl.uint32, bitcast=True) >> 16).to(tl.int32, bitcast=True)
-        part = tl.zeros([BLOCK_N], dtype=tl.float32)
-        xsum = tl.zeros([R], dtype=tl.float32)
-        for j in tl.static_range(PACK):
-            pos = BITS * (j % HALF)
-            if j < HALF:
-                word = lo
-            else:
-                word = hi
-            e = expo - (pos << 23)  # float bits of 2**(23 - pos)
-            q = ((word & (MASK << pos)) | e).to(tl.float32, bitcast=True)
-            q = q - e.to(tl.float32, bitcast=True)  # exact: the value as a float
-            xj = tl.load(x_ptr + k0 + offs_r * PACK + j).to(tl.float32)
-            part += tl.sum(xj[:, None] * q, axis=0)
-            xsum += xj
-        xs = tl.sum(xsum, axis=0)
-        g = k0 // GROUP
-        z = tl.load(z_ptr + g * stride_z + offs_n, mask=mask_n, other=0).to(tl.float32)
-        sc = tl.load(s_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        acc += sc * (part - z * xs)
-        if HAS_MIN:
-            acc += tl.load(m_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32) * xs
+    w_ptrs = qw_ptr + offs_r[:, None] * stride_q + offs_n[None, :]
+    lo = tl.load(w_ptrs + (k_start // PACK) * stride_q, mask=mask_n[None, :], other=0)
+    pdl.wait(PDL)
+    acc = _gemv1_tile(tl.zeros([BLOCK_N], dtype=tl.float32), lo, x_ptr, z_ptr, s_ptr, m_ptr,
+                      k_start, offs_n, mask_n, offs_r, stride_z, stride_s, expo, GROUP, BITS,
+                      HAS_MIN, BLOCK_N, R)  # fmt: skip
+    for k0 in range(k_start + BLOCK_K, k_start + K_SPLIT, BLOCK_K):
+        lo = tl.load(w_ptrs + (k0 // PACK) * stride_q, mask=mask_n[None, :], other=0)
+        acc = _gemv1_tile(acc, lo, x_ptr, z_ptr, s_ptr, m_ptr, k0, offs_n, mask_n, offs_r,
+                          stride_z, stride_s, expo, GROUP, BITS, HAS_MIN, BLOCK_N, R)  # fmt: skip
     if SPLIT == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -475,6 +495,7 @@ def gemv(
     config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps[, split_k])
     mins: torch.Tensor | None = None,
     one_row: bool | None = None,
+    pdl_cfg: PdlConfig = pdl.DEFAULT,
 ) -> torch.Tensor:
     """``x @ dequant(W) (+ bias)`` for a few rows of ``x``, in ``x``'s dtype.
 
@@ -520,10 +541,11 @@ def gemv(
                   SPLIT=split, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)  # fmt: skip
     operands = (x, qweight, zeros, scales, mins if mins is not None else scales,
                 bias if bias is not None else scales, out, ws, counters)  # fmt: skip
-    if one_row:
+    if one_row:  # released before its wait, as the bf16 GEMV (``kernels/gemv.py``)
+        mode = pdl.mode(x, programs * split, pdl_cfg, early=True)
         _gemv1_kernel[(programs, split)](
             *operands, n, k // split, qweight.stride(0), zeros.stride(0), scales.stride(0),
-            _EXPO, **common,
+            _EXPO, PDL=mode, **common, **pdl.launch_options(mode),
         )  # fmt: skip
     else:
         _gemv_kernel[(programs, split)](
@@ -658,6 +680,7 @@ def linear(
     one_row: bool = True,
     swap_ab: bool = False,
     dense_rows: int = 0,
+    pdl_cfg: PdlConfig = pdl.DEFAULT,
 ) -> torch.Tensor:
     """The layers' entry: :func:`gemv` for one or two of the few rows the layer names ``few``
     (one row through the one-row kernel unless ``one_row`` is off:
@@ -667,7 +690,7 @@ def linear(
     ``swap_ab``: the GEMM with swapped operands (``kernel_config.int_gemm``)."""
     if few and x.shape[0] <= GEMV_ROWS:
         return gemv(x, qweight, zeros, scales, bias, group, bits, mins=mins,
-                    one_row=None if one_row else False)  # fmt: skip
+                    one_row=None if one_row else False, pdl_cfg=pdl_cfg)  # fmt: skip
     if 0 < dense_rows <= x.shape[0]:
         return dense_linear(x, qweight, zeros, scales, bias, group, bits, mins)
     return gemm(x, qweight, zeros, scales, bias, group, bits, mins=mins, swap_ab=swap_ab)

@@ -108,7 +108,8 @@ class _SmallPart(nn.Module):
         g = kc.int_gemm
         return w4a16.linear(x, self.qweight, self.zeros, self.scales, bias, BLOCK, self.bits,
                             self.mins, few=few, one_row=kc.gemv.int_one_row,
-                            swap_ab=g.swap_ab, dense_rows=g.dense_rows)  # fmt: skip
+                            swap_ab=g.swap_ab, dense_rows=g.dense_rows,
+                            pdl_cfg=kc.pdl)  # fmt: skip
 
 
 class _KPart(nn.Module):

@@ -164,7 +164,7 @@ class IntLinear(Configured, nn.Module):
         y = w4a16.linear(
             x2, self.qweight, self.zeros, self.scales, self.bias, self.group, self.fmt.bits,
             mins=self.mins, few=few, one_row=kc.gemv.int_one_row,
-            swap_ab=kc.int_gemm.swap_ab, dense_rows=kc.int_gemm.dense_rows,
+            swap_ab=kc.int_gemm.swap_ab, dense_rows=kc.int_gemm.dense_rows, pdl_cfg=kc.pdl,
         )  # fmt: skip
         return y.view(*x.shape[:-1], self.out_features)
 
