@@ -16,7 +16,7 @@ from fulcrum.protocol import EngineCoreRequest, WireSamplingParams
 from fulcrum.scheduler.scheduler import Scheduler
 from fulcrum.spec_decode import accept_point_mass, make_proposer, rejection_sample
 from fulcrum.spec_decode.ngram import ngram_lookup
-from fulcrum.spec_decode.suffix import SuffixProposer, SuffixTrie
+from fulcrum.spec_decode.suffix import SuffixProposer, SuffixTrie, propose_in_text
 from spec_helpers import chi2_ok
 
 # -- proposers ----------------------------------------------------------------------------------
@@ -33,18 +33,19 @@ def test_ngram_longest_then_latest_match():
     assert ngram_lookup(t, 1, 3, 0) == []
 
 
-def test_ngram_matches_brute_force():
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        t = rng.integers(0, 4, rng.integers(2, 30))
-        got = ngram_lookup(t, 2, 4, 3)
+@pytest.mark.parametrize("min_n,max_n", [(2, 4), (1, 1), (1, 3), (3, 5)])
+def test_ngram_matches_brute_force(min_n, max_n):
+    rng = np.random.default_rng(min_n * 10 + max_n)
+    for _ in range(300):
+        t = rng.integers(0, 4, rng.integers(1, 30))
+        got = ngram_lookup(t, min_n, max_n, 3)
         want: list[int] = []
-        for n in range(min(4, len(t) - 1), 1, -1):
+        for n in range(min(max_n, len(t) - 1), min_n - 1, -1):
             hits = [i for i in range(len(t) - n) if list(t[i : i + n]) == list(t[-n:])]
             if hits:
                 want = list(t[hits[-1] + n : hits[-1] + n + 3])
                 break
-        assert got == want
+        assert got == want, (t.tolist(), min_n, max_n)
 
 
 def test_suffix_trie_counts_and_removal():
@@ -60,6 +61,20 @@ def test_suffix_trie_counts_and_removal():
     trie.end_text()
     trie.remove_text([1, 2, 1, 2, 3])
     assert set(root.children) == {7} and root.children[7].count == 2
+
+
+@pytest.mark.parametrize("max_depth,k,factor,min_prob", [(3, 4, 1.0, 0.1), (8, 5, 2.0, 0.0),
+                                                          (24, 8, 1.0, 0.1), (5, 3, 0.5, 0.4)])  # fmt: skip
+def test_suffix_walk_over_the_array_equals_the_trie(max_depth, k, factor, min_prob):
+    """The request's own text is searched on its token array: the same guesses and score as
+    the trie of that text would give, ties and depth cut included."""
+    rng = np.random.default_rng(max_depth * 100 + k)
+    for _ in range(300):
+        t = rng.integers(0, int(rng.integers(2, 6)), int(rng.integers(1, 60)))
+        trie = SuffixTrie(max_depth)
+        trie.extend(t.tolist())
+        want = trie.propose(t.tolist()[-max_depth:], k, factor, min_prob)
+        assert propose_in_text(t, max_depth, k, factor, min_prob) == want, t.tolist()
 
 
 def test_suffix_proposer_own_and_global_tree():

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from fulcrum.spec_decode.proposer import Proposer
 
@@ -30,15 +29,26 @@ class NgramProposer(Proposer):
 
 def ngram_lookup(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
     """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix
-    n-gram (``min_n <= n <= max_n``) of ``tokens``."""
+    n-gram (``min_n <= n <= max_n``) of ``tokens``.
+
+    Grows the match backwards from the earlier positions of the last token, keeping at each
+    length those that still match: at most ``max_n`` passes over a shrinking set of positions,
+    where testing each n against every window cost a pass over the whole sequence per n (a
+    single-stream verify step on a small model waits for this on the host)."""
     total = tokens.shape[0]
-    if k < 1:
+    hi = min(max_n, total - 1)
+    if k < 1 or hi < max(min_n, 1):
         return []
-    for n in range(min(max_n, total - 1), min_n - 1, -1):
-        # windows starting at 0 .. total - n - 1: each has at least one token after it
-        windows = sliding_window_view(tokens[: total - 1], n)
-        hits = np.flatnonzero((windows == tokens[total - n :]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return tokens[start : start + k].tolist()
-    return []
+    # ends of earlier occurrences (each with at least one token after it) matching n tokens
+    ends = np.flatnonzero(tokens[: total - 1] == tokens[total - 1])
+    n = 1
+    while ends.size and n < hi:
+        longer = ends[ends >= n]
+        longer = longer[tokens[longer - n] == tokens[total - 1 - n]]
+        if not longer.size:
+            break
+        ends, n = longer, n + 1
+    if not ends.size or n < min_n:
+        return []
+    start = int(ends[-1]) + 1
+    return tokens[start : start + k].tolist()

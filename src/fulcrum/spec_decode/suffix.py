@@ -16,12 +16,19 @@ child/parent counts along the walk) stays above ``min_token_prob``, for at most
 the one with the larger expected number of accepted tokens (the sum of those probabilities)
 wins. The global trie keeps the outputs of the last ``max_cached_requests`` requests: agent
 loops and repeated edits reuse far more than their own prompt.
+
+The request's own text is not kept as a trie: :func:`propose_in_text` walks the same trie
+implicitly over the token array (a node is the set of positions where its pattern ends, its
+count their number), so a request's first guess does not wait for a trie of its whole prompt
+(about 100 ms for 600 tokens in Python) and nothing is kept per request.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+
+import numpy as np
 
 from fulcrum.spec_decode.proposer import Proposer
 
@@ -102,6 +109,64 @@ class SuffixTrie:
         return [], 0.0
 
 
+def propose_in_text(
+    tokens: np.ndarray, max_depth: int, k: int, spec_factor: float, min_prob: float
+) -> tuple[list[int], float]:
+    """What ``SuffixTrie.propose`` returns for the trie of ``tokens`` (``extend(tokens)``) with
+    the context its last ``max_depth`` tokens, found on the array itself. Matched suffixes are
+    tried longest first (under ``max_depth``) among those that occurred earlier with a token
+    after them (each earlier position of the last token compared back to the text's end in
+    one pass); a node of the walk is the array of positions where its pattern ends (its count
+    their number, its children the tokens after them), and ties between children go to the
+    token whose pattern occurred first, as the trie's insertion order has it."""
+    n = tokens.shape[0]
+    hi = min(max_depth - 1, n - 1)
+    if k < 1 or hi < 1:
+        return [], 0.0
+    ends = np.flatnonzero(tokens[: n - 1] == tokens[n - 1])  # earlier ends, each continued
+    if not ends.size:
+        return [], 0.0
+    # each earlier end's match length with the text's end: the first mismatch walking back
+    back = np.arange(hi)
+    at = ends[:, None] - back[None, :]
+    same = (at >= 0) & (tokens[np.maximum(at, 0)] == tokens[n - 1 - back][None, :])
+    lengths = np.where(same.all(axis=1), hi, same.argmin(axis=1))
+    for d in range(int(lengths.max()), 0, -1):
+        occ = np.append(ends[lengths >= d], n - 1)
+        out, score = _walk(tokens, occ, d, max_depth, min(k, max(1, int(spec_factor * d))),
+                           min_prob)  # fmt: skip
+        if out:
+            return out, score
+    return [], 0.0
+
+
+def _walk(
+    tokens: np.ndarray, occ: np.ndarray, depth: int, max_depth: int, length: int, min_prob: float
+) -> tuple[list[int], float]:
+    """Down the most frequent child from the node whose pattern ends at ``occ`` (every
+    occurrence in order, the text's last position included)."""
+    n = tokens.shape[0]
+    out: list[int] = []
+    prob, score = 1.0, 0.0
+    while len(out) < length and depth < max_depth:
+        cont = occ[occ < n - 1]
+        if not cont.size:
+            break
+        nxt = tokens[cont + 1]
+        counts: dict[int, int] = {}
+        for t in nxt.tolist():  # in text order: the first maximum is the trie's
+            counts[t] = counts.get(t, 0) + 1
+        tok, c = max(counts.items(), key=lambda kv: kv[1])
+        prob *= c / occ.size
+        if prob < min_prob:
+            break
+        out.append(tok)
+        score += prob
+        occ = cont[nxt == tok] + 1
+        depth += 1
+    return out, score
+
+
 class SuffixProposer(Proposer):
     def __init__(
         self, max_depth: int, max_cached_requests: int, spec_factor: float, min_prob: float
@@ -112,19 +177,16 @@ class SuffixProposer(Proposer):
         self.min_prob = min_prob
         self.global_trie = SuffixTrie(max_depth)
         self._outputs: OrderedDict[str, list[int]] = OrderedDict()  # in the global trie
-        self._local: dict[str, tuple[SuffixTrie, int]] = {}  # key -> (trie, tokens inserted)
 
     def propose(self, key: str, token_ids: Sequence[int], max_tokens: int) -> list[int]:
         if max_tokens < 1:
             return []
-        trie, seen = self._local.get(key) or (SuffixTrie(self.max_depth), 0)
-        if seen > len(token_ids):  # recomputed from a shorter history: start over
-            trie, seen = SuffixTrie(self.max_depth), 0
-        trie.extend(token_ids[seen:])
-        self._local[key] = (trie, len(token_ids))
-        context = token_ids[-self.max_depth :]
-        best, best_score = trie.propose(context, max_tokens, self.spec_factor, self.min_prob)
+        best, best_score = propose_in_text(
+            np.asarray(token_ids, dtype=np.int64), self.max_depth, max_tokens,
+            self.spec_factor, self.min_prob,
+        )  # fmt: skip
         if self._outputs:
+            context = token_ids[-self.max_depth :]
             other, score = self.global_trie.propose(
                 context, max_tokens, self.spec_factor, self.min_prob
             )
@@ -133,7 +195,6 @@ class SuffixProposer(Proposer):
         return best
 
     def on_finished(self, key: str, token_ids: Sequence[int], num_prompt_tokens: int) -> None:
-        self._local.pop(key, None)
         if self.max_cached == 0:
             return
         output = list(token_ids[num_prompt_tokens:])
