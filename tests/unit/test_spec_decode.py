@@ -16,8 +16,8 @@ from fulcrum.protocol import EngineCoreRequest, WireSamplingParams
 from fulcrum.scheduler.scheduler import Scheduler
 from fulcrum.spec_decode import accept_point_mass, make_proposer, rejection_sample
 from fulcrum.spec_decode.ngram import ngram_lookup
-from fulcrum.spec_decode.suffix import SuffixProposer, SuffixTrie, propose_in_text
-from spec_helpers import chi2_ok
+from fulcrum.spec_decode.suffix import OutputCorpus, SuffixProposer, propose_in_text
+from spec_helpers import SuffixTrie, chi2_ok
 
 # -- proposers ----------------------------------------------------------------------------------
 
@@ -48,21 +48,6 @@ def test_ngram_matches_brute_force(min_n, max_n):
         assert got == want, (t.tolist(), min_n, max_n)
 
 
-def test_suffix_trie_counts_and_removal():
-    trie = SuffixTrie(max_depth=3)
-    trie.extend([1, 2, 1, 2, 3])
-    trie.end_text()
-    root = trie.root
-    assert root.children[1].count == 2 and root.children[2].count == 2
-    assert root.children[1].children[2].count == 2
-    assert root.children[1].children[2].children[3].count == 1
-    assert 3 not in root.children[1].children[2].children[1].children  # depth cut at 3
-    trie.extend([7, 7])
-    trie.end_text()
-    trie.remove_text([1, 2, 1, 2, 3])
-    assert set(root.children) == {7} and root.children[7].count == 2
-
-
 @pytest.mark.parametrize("max_depth,k,factor,min_prob", [(3, 4, 1.0, 0.1), (8, 5, 2.0, 0.0),
                                                           (24, 8, 1.0, 0.1), (5, 3, 0.5, 0.4)])  # fmt: skip
 def test_suffix_walk_over_the_array_equals_the_trie(max_depth, k, factor, min_prob):
@@ -75,6 +60,31 @@ def test_suffix_walk_over_the_array_equals_the_trie(max_depth, k, factor, min_pr
         trie.extend(t.tolist())
         want = trie.propose(t.tolist()[-max_depth:], k, factor, min_prob)
         assert propose_in_text(t, max_depth, k, factor, min_prob) == want, t.tolist()
+
+
+def test_output_corpus_equals_the_trie_of_its_texts():
+    """Finished outputs in one indexed buffer propose what the trie of the same texts does,
+    after removals too (the buffer compacted, its index rebuilt), for contexts that match
+    within texts and never across two."""
+    rng = np.random.default_rng(7)
+    for trial in range(6):
+        depth = int(rng.integers(3, 10))
+        texts = {str(i): rng.integers(0, 4, int(rng.integers(1, 120))).tolist() for i in range(90)}
+        corpus = OutputCorpus()
+        for key, t in texts.items():
+            corpus.add(key, t)
+        if trial % 2:  # remove most: past the compaction threshold
+            for key in list(texts)[: int(rng.integers(40, 85))]:
+                corpus.remove(key)
+                del texts[key]
+        trie = SuffixTrie(depth)
+        for t in texts.values():
+            trie.extend(t)
+            trie.end_text()
+        for _ in range(60):
+            ctx = rng.integers(0, 4, int(rng.integers(1, 2 * depth)))
+            want = trie.propose(ctx.tolist()[-depth:], 4, 1.5, 0.05)
+            assert corpus.propose(ctx, depth, 4, 1.5, 0.05) == want, (trial, ctx.tolist())
 
 
 def test_suffix_proposer_own_and_global_tree():

@@ -1,26 +1,26 @@
-"""Suffix decoding: suffix tries over the request's own tokens and over recent requests'
-outputs; a proposal follows the most frequent continuation of the longest matched suffix.
+"""Suffix decoding: guesses from the request's own tokens and from recent requests' outputs;
+a proposal follows the most frequent continuation of the longest matched suffix.
 
-Each trie holds every suffix of its texts, cut at ``max_depth`` tokens, with a count per node
-(how many times that pattern occurred). Appending a token extends the (at most ``max_depth``)
-suffixes still open, so a request's trie grows in O(depth) per token::
+The model is a suffix trie of each text, cut at ``max_depth`` tokens, with a count per node
+(how many times that pattern occurred)::
 
     text "a b a b c"      root ─ a(2) ─ b(2) ─ a(1) ...
                                └ b(2) ─ a(1) ─ b(1) ─ c(1)
                                       └ c(1)
 
-Proposing: match the longest suffix of the sequence that has a continuation in a trie, then
-walk down the most frequent child while its estimated probability (the product of
-child/parent counts along the walk) stays above ``min_token_prob``, for at most
-``max_spec_factor * match length`` tokens. The per-request and the global trie each propose;
-the one with the larger expected number of accepted tokens (the sum of those probabilities)
-wins. The global trie keeps the outputs of the last ``max_cached_requests`` requests: agent
-loops and repeated edits reuse far more than their own prompt.
+Proposing: match the longest suffix of the sequence that has a continuation, then walk down the
+most frequent child while its estimated probability (the product of child/parent counts along
+the walk) stays above ``min_token_prob``, for at most ``max_spec_factor * match length`` tokens.
+The request's own text and the outputs of the last ``max_cached_requests`` finished requests
+(agent loops and repeated edits reuse far more than their own prompt) each propose; the one with
+the larger expected number of accepted tokens (the sum of those probabilities) wins.
 
-The request's own text is not kept as a trie: :func:`propose_in_text` walks the same trie
-implicitly over the token array (a node is the set of positions where its pattern ends, its
-count their number), so a request's first guess does not wait for a trie of its whole prompt
-(about 100 ms for 600 tokens in Python) and nothing is kept per request.
+No trie is built. A node is the array of positions where its pattern ends in a token array
+(its count their number, its children the tokens after them), so both walks run on arrays:
+the request's token ids, and one buffer of the finished outputs with -1 between texts (a
+pattern never spans two), indexed by token. A trie of Python objects cost ~100 ms for a
+600-token prompt, and for a thousand finished outputs millions of nodes: over a gigabyte and
+garbage-collector pauses of seconds in the engine's loop.
 """
 
 from __future__ import annotations
@@ -32,129 +32,87 @@ import numpy as np
 
 from fulcrum.spec_decode.proposer import Proposer
 
-
-class _Node:
-    __slots__ = ("children", "count")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.children: dict[int, _Node] = {}
-
-
-class SuffixTrie:
-    def __init__(self, max_depth: int) -> None:
-        self.max_depth = max_depth
-        self.root = _Node()
-        self._open: list[tuple[_Node, int]] = []  # (node, depth) of suffixes still growing
-
-    def append(self, token: int) -> None:
-        """Extend the text by one token (every open suffix, plus the one starting here)."""
-        grown: list[tuple[_Node, int]] = []
-        for node, depth in [*self._open, (self.root, 0)]:
-            child = node.children.get(token)
-            if child is None:
-                child = node.children[token] = _Node()
-            child.count += 1
-            if depth + 1 < self.max_depth:
-                grown.append((child, depth + 1))
-        self._open = grown
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        for t in tokens:
-            self.append(t)
-
-    def end_text(self) -> None:
-        """The next ``append`` starts an unrelated text (patterns never span two texts)."""
-        self._open = []
-
-    def remove_text(self, tokens: Sequence[int]) -> None:
-        """Undo ``extend(tokens)`` + ``end_text()`` of a whole text: its counts go, and nodes
-        no text reaches any more are dropped."""
-        for i in range(len(tokens)):
-            node = self.root
-            for t in tokens[i : i + self.max_depth]:
-                child = node.children[t]
-                child.count -= 1
-                if child.count == 0:
-                    del node.children[t]
-                    break
-                node = child
-
-    def propose(
-        self, context: Sequence[int], k: int, spec_factor: float, min_prob: float
-    ) -> tuple[list[int], float]:
-        """Guesses after ``context`` and their expected accepted count (sum of probabilities)."""
-        n = len(context)
-        for start in range(max(0, n - self.max_depth + 1), n):
-            node: _Node | None = self.root
-            for t in context[start:]:
-                node = node.children.get(t)  # type: ignore[union-attr]
-                if node is None:
-                    break
-            if node is None or not node.children:
-                continue
-            length = min(k, max(1, int(spec_factor * (n - start))))
-            out: list[int] = []
-            prob, score = 1.0, 0.0
-            while node.children and len(out) < length:
-                tok, child = max(node.children.items(), key=lambda kv: kv[1].count)
-                prob *= child.count / node.count
-                if prob < min_prob:
-                    break
-                out.append(tok)
-                score += prob
-                node = child
-            if out:
-                return out, score
-        return [], 0.0
+_SEP = -1  # between texts and after the last: never a token, never matched or proposed
 
 
 def propose_in_text(
     tokens: np.ndarray, max_depth: int, k: int, spec_factor: float, min_prob: float
 ) -> tuple[list[int], float]:
-    """What ``SuffixTrie.propose`` returns for the trie of ``tokens`` (``extend(tokens)``) with
-    the context its last ``max_depth`` tokens, found on the array itself. Matched suffixes are
-    tried longest first (under ``max_depth``) among those that occurred earlier with a token
-    after them (each earlier position of the last token compared back to the text's end in
-    one pass); a node of the walk is the array of positions where its pattern ends (its count
-    their number, its children the tokens after them), and ties between children go to the
-    token whose pattern occurred first, as the trie's insertion order has it."""
+    """Guesses after ``tokens`` from ``tokens`` themselves (the trie of that one text, the
+    context its last ``max_depth`` tokens) and their expected accepted count."""
     n = tokens.shape[0]
-    hi = min(max_depth - 1, n - 1)
-    if k < 1 or hi < 1:
+    if k < 1 or n < 2:
         return [], 0.0
-    ends = np.flatnonzero(tokens[: n - 1] == tokens[n - 1])  # earlier ends, each continued
-    if not ends.size:
+    text = np.append(tokens, _SEP)
+    ends = np.flatnonzero(text[: n - 1] == tokens[n - 1])  # earlier ends, each continued
+    # the text's own end is an occurrence of every suffix: counted, never continued
+    return _longest_first(text, ends, tokens, n - 1, max_depth, k, spec_factor, min_prob)
+
+
+def _longest_first(
+    text: np.ndarray,
+    ends: np.ndarray,
+    context: np.ndarray,
+    own_end: int | None,
+    max_depth: int,
+    k: int,
+    spec_factor: float,
+    min_prob: float,
+) -> tuple[list[int], float]:
+    """Matched suffixes of ``context``, longest first (under ``max_depth``), at positions
+    ``ends`` of ``text`` (ascending: each earlier position of the context's last token, compared
+    back to the context's end in one pass); the first whose walk yields a guess wins.
+    ``own_end``: a position of ``text`` that ends every suffix (the context itself)."""
+    hi = min(max_depth - 1, context.shape[0] - (own_end is not None))
+    if not ends.size or hi < 1:
         return [], 0.0
-    # each earlier end's match length with the text's end: the first mismatch walking back
-    back = np.arange(hi)
-    at = ends[:, None] - back[None, :]
-    same = (at >= 0) & (tokens[np.maximum(at, 0)] == tokens[n - 1 - back][None, :])
-    lengths = np.where(same.all(axis=1), hi, same.argmin(axis=1))
+    lengths = _match_lengths(text, ends, context, hi)
     for d in range(int(lengths.max()), 0, -1):
-        occ = np.append(ends[lengths >= d], n - 1)
-        out, score = _walk(tokens, occ, d, max_depth, min(k, max(1, int(spec_factor * d))),
+        occ = ends[lengths >= d]
+        if own_end is not None:
+            occ = np.append(occ, own_end)
+        out, score = _walk(text, occ, d, max_depth, min(k, max(1, int(spec_factor * d))),
                            min_prob)  # fmt: skip
         if out:
             return out, score
     return [], 0.0
 
 
+def _match_lengths(text: np.ndarray, ends: np.ndarray, context: np.ndarray, hi: int) -> np.ndarray:
+    """How many of the context's last tokens (at most ``hi``) end at each of ``ends``: all
+    at once for a few positions; level by level over the shrinking set for many (a common
+    token)."""
+    tail = context[context.shape[0] - 1 - np.arange(hi)]  # the context backwards
+    if ends.size * hi <= 8192:
+        at = ends[:, None] - np.arange(hi)[None, :]
+        same = (at >= 0) & (text[np.maximum(at, 0)] == tail[None, :])
+        return np.where(same.all(axis=1), hi, same.argmin(axis=1))
+    lengths = np.ones(ends.size, dtype=np.int64)
+    alive = np.arange(ends.size)
+    for j in range(1, hi):
+        at = ends[alive] - j
+        alive = alive[(at >= 0) & (text[np.maximum(at, 0)] == tail[j])]
+        if not alive.size:
+            break
+        lengths[alive] += 1
+    return lengths
+
+
 def _walk(
-    tokens: np.ndarray, occ: np.ndarray, depth: int, max_depth: int, length: int, min_prob: float
+    text: np.ndarray, occ: np.ndarray, depth: int, max_depth: int, length: int, min_prob: float
 ) -> tuple[list[int], float]:
     """Down the most frequent child from the node whose pattern ends at ``occ`` (every
-    occurrence in order, the text's last position included)."""
-    n = tokens.shape[0]
+    occurrence, in text order) in ``text`` (``_SEP`` after each text)."""
     out: list[int] = []
     prob, score = 1.0, 0.0
-    while len(out) < length and depth < max_depth:
-        cont = occ[occ < n - 1]
+    while len(out) < length and depth < max_depth and occ.size:
+        nxt = text[occ + 1]
+        cont = occ[nxt != _SEP]
         if not cont.size:
             break
-        nxt = tokens[cont + 1]
+        nxt = nxt[nxt != _SEP]
         counts: dict[int, int] = {}
-        for t in nxt.tolist():  # in text order: the first maximum is the trie's
+        for t in nxt.tolist():  # in text order: the first maximum is the trie's first child
             counts[t] = counts.get(t, 0) + 1
         tok, c = max(counts.items(), key=lambda kv: kv[1])
         prob *= c / occ.size
@@ -167,6 +125,75 @@ def _walk(
     return out, score
 
 
+class OutputCorpus:
+    """Finished requests' outputs in one buffer, ``_SEP`` after each, with the positions of each
+    token: a sorted index of the buffer's front and a linear scan of what was added since
+    (re-indexed once it outgrows a quarter of the front). A removed text's tokens become
+    ``_SEP`` in place; the buffer is compacted once removed tokens outnumber live ones."""
+
+    def __init__(self) -> None:
+        self.text = np.full(1, _SEP, dtype=np.int64)  # position 0: a separator
+        self.spans: OrderedDict[str, tuple[int, int]] = OrderedDict()  # key -> [start, end)
+        self._live = 0
+        self._dead = 0
+        self._indexed = 0  # text[:_indexed] is in the sorted index
+        self._order = np.zeros(0, dtype=np.int64)  # positions sorted by token, then position
+        self._sorted = np.zeros(0, dtype=np.int64)  # text[_order]
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def add(self, key: str, tokens: Sequence[int]) -> None:
+        start = self.text.shape[0]
+        self.text = np.concatenate([self.text, np.asarray(tokens, dtype=np.int64), [_SEP]])
+        self.spans[key] = (start, start + len(tokens))
+        self._live += len(tokens)
+        if self.text.shape[0] - self._indexed > max(4096, self._indexed // 4):
+            self._reindex()
+
+    def remove(self, key: str) -> None:
+        start, end = self.spans.pop(key)
+        self.text[start:end] = _SEP
+        self._live -= end - start
+        self._dead += end - start
+        if self._dead > max(4096, self._live):
+            keep = [self.text[s:e] for s, e in self.spans.values()]
+            self.text = np.full(1, _SEP, dtype=np.int64)
+            self.spans, old = OrderedDict(), self.spans
+            self._live = self._dead = 0
+            for key_, toks in zip(old, keep, strict=True):
+                self.add(key_, toks)
+            self._reindex()
+
+    def oldest(self) -> str:
+        return next(iter(self.spans))
+
+    def _reindex(self) -> None:
+        self._order = np.argsort(self.text, kind="stable")
+        self._sorted = self.text[self._order]
+        self._indexed = self.text.shape[0]
+
+    def positions(self, token: int) -> np.ndarray:
+        """Where ``token`` stands in live texts, ascending."""
+        lo, hi = np.searchsorted(self._sorted, [token, token + 1])
+        front = self._order[lo:hi]
+        front = front[self.text[front] == token]  # removed texts' positions are _SEP now
+        rest = np.flatnonzero(self.text[self._indexed :] == token) + self._indexed
+        return np.concatenate([front, rest]) if rest.size else front
+
+    def propose(
+        self, context: np.ndarray, max_depth: int, k: int, spec_factor: float, min_prob: float
+    ) -> tuple[list[int], float]:
+        """Guesses after ``context`` from the outputs (their trie, the context's last
+        ``max_depth`` tokens matched) and their expected accepted count."""
+        if k < 1 or not context.shape[0] or not self.spans:
+            return [], 0.0
+        context = context[-max_depth:]
+        ends = self.positions(int(context[-1]))
+        return _longest_first(self.text, ends, context, None, max_depth, k, spec_factor,
+                              min_prob)  # fmt: skip
+
+
 class SuffixProposer(Proposer):
     def __init__(
         self, max_depth: int, max_cached_requests: int, spec_factor: float, min_prob: float
@@ -175,20 +202,18 @@ class SuffixProposer(Proposer):
         self.max_cached = max_cached_requests
         self.spec_factor = spec_factor
         self.min_prob = min_prob
-        self.global_trie = SuffixTrie(max_depth)
-        self._outputs: OrderedDict[str, list[int]] = OrderedDict()  # in the global trie
+        self.outputs = OutputCorpus()
 
     def propose(self, key: str, token_ids: Sequence[int], max_tokens: int) -> list[int]:
         if max_tokens < 1:
             return []
+        tokens = np.asarray(token_ids, dtype=np.int64)
         best, best_score = propose_in_text(
-            np.asarray(token_ids, dtype=np.int64), self.max_depth, max_tokens,
-            self.spec_factor, self.min_prob,
-        )  # fmt: skip
-        if self._outputs:
-            context = token_ids[-self.max_depth :]
-            other, score = self.global_trie.propose(
-                context, max_tokens, self.spec_factor, self.min_prob
+            tokens, self.max_depth, max_tokens, self.spec_factor, self.min_prob
+        )
+        if len(self.outputs):
+            other, score = self.outputs.propose(
+                tokens, self.max_depth, max_tokens, self.spec_factor, self.min_prob
             )
             if score > best_score:
                 best = other
@@ -197,15 +222,11 @@ class SuffixProposer(Proposer):
     def on_finished(self, key: str, token_ids: Sequence[int], num_prompt_tokens: int) -> None:
         if self.max_cached == 0:
             return
-        output = list(token_ids[num_prompt_tokens:])
-        if not output:
+        output = token_ids[num_prompt_tokens:]
+        if not len(output):
             return
-        old = self._outputs.pop(key, None)
-        if old is not None:
-            self.global_trie.remove_text(old)
-        self.global_trie.extend(output)
-        self.global_trie.end_text()
-        self._outputs[key] = output
-        while len(self._outputs) > self.max_cached:
-            _, evicted = self._outputs.popitem(last=False)
-            self.global_trie.remove_text(evicted)
+        if key in self.outputs.spans:
+            self.outputs.remove(key)
+        self.outputs.add(key, output)
+        while len(self.outputs) > self.max_cached:
+            self.outputs.remove(self.outputs.oldest())
