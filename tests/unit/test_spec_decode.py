@@ -16,6 +16,7 @@ from fulcrum.protocol import EngineCoreRequest, WireSamplingParams
 from fulcrum.scheduler.scheduler import Scheduler
 from fulcrum.spec_decode import accept_point_mass, make_proposer, rejection_sample
 from fulcrum.spec_decode.ngram import ngram_lookup
+from fulcrum.spec_decode.proposer import TokenArrays
 from fulcrum.spec_decode.suffix import OutputCorpus, SuffixProposer, propose_in_text
 from spec_helpers import SuffixTrie, chi2_ok
 
@@ -85,6 +86,21 @@ def test_output_corpus_equals_the_trie_of_its_texts():
             ctx = rng.integers(0, 4, int(rng.integers(1, 2 * depth)))
             want = trie.propose(ctx.tolist()[-depth:], 4, 1.5, 0.05)
             assert corpus.propose(ctx, depth, 4, 1.5, 0.05) == want, (trial, ctx.tolist())
+
+
+def test_token_arrays_follow_growing_sequences():
+    """The proposers' per-request arrays: equal to the ids after each step's appends, rebuilt
+    for a shorter history, gone when the sequence ends."""
+    arrays = TokenArrays()
+    ids = list(range(50))
+    assert arrays.get("a", ids).tolist() == ids
+    for step in range(40):  # past the first buffer's capacity
+        ids += [step, step + 1000]
+        assert arrays.get("a", ids).tolist() == ids
+    assert arrays.get("a", ids[:10]).tolist() == ids[:10]  # recomputed from a shorter history
+    assert arrays.get("b", [7]).tolist() == [7]
+    arrays.drop("a")
+    assert "a" not in arrays._arrays and arrays.get("a", [1, 2]).tolist() == [1, 2]
 
 
 def test_suffix_proposer_own_and_global_tree():

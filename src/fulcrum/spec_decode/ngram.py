@@ -13,18 +13,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fulcrum.spec_decode.proposer import Proposer
+from fulcrum.spec_decode.proposer import Proposer, TokenArrays
 
 
 class NgramProposer(Proposer):
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n = min_n
         self.max_n = max_n
+        self.arrays = TokenArrays()
 
     def propose(self, key: str, token_ids: Sequence[int], max_tokens: int) -> list[int]:
-        return ngram_lookup(
-            np.asarray(token_ids, dtype=np.int64), self.min_n, self.max_n, max_tokens
-        )
+        return ngram_lookup(self.arrays.get(key, token_ids), self.min_n, self.max_n, max_tokens)
+
+    def on_finished(self, key: str, token_ids: Sequence[int], num_prompt_tokens: int) -> None:
+        self.arrays.drop(key)
 
 
 def ngram_lookup(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:

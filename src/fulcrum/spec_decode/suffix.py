@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fulcrum.spec_decode.proposer import Proposer
+from fulcrum.spec_decode.proposer import Proposer, TokenArrays
 
 _SEP = -1  # between texts and after the last: never a token, never matched or proposed
 
@@ -203,11 +203,12 @@ class SuffixProposer(Proposer):
         self.spec_factor = spec_factor
         self.min_prob = min_prob
         self.outputs = OutputCorpus()
+        self.arrays = TokenArrays()
 
     def propose(self, key: str, token_ids: Sequence[int], max_tokens: int) -> list[int]:
         if max_tokens < 1:
             return []
-        tokens = np.asarray(token_ids, dtype=np.int64)
+        tokens = self.arrays.get(key, token_ids)
         best, best_score = propose_in_text(
             tokens, self.max_depth, max_tokens, self.spec_factor, self.min_prob
         )
@@ -220,6 +221,7 @@ class SuffixProposer(Proposer):
         return best
 
     def on_finished(self, key: str, token_ids: Sequence[int], num_prompt_tokens: int) -> None:
+        self.arrays.drop(key)
         if self.max_cached == 0:
             return
         output = token_ids[num_prompt_tokens:]
