@@ -88,6 +88,23 @@ def test_output_corpus_equals_the_trie_of_its_texts():
             assert corpus.propose(ctx, depth, 4, 1.5, 0.05) == want, (trial, ctx.tolist())
 
 
+def test_output_corpus_holds_no_python_objects_per_token():
+    """Finished outputs live in arrays: the garbage collector's object count does not grow
+    with their tokens (a trie of nodes held millions and paused the engine's loop for seconds)."""
+    import gc
+
+    rng = np.random.default_rng(3)
+    sp = SuffixProposer(max_depth=24, max_cached_requests=1000, spec_factor=1.0, min_prob=0.1)
+    sp.on_finished("warm", rng.integers(0, 30000, 50).tolist(), 0)
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(300):
+        sp.on_finished(str(i), rng.integers(0, 30000, 200).tolist(), 0)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 2000  # a few per finished request, not per token
+    assert len(sp.outputs) == 301
+
+
 def test_token_arrays_follow_growing_sequences():
     """The proposers' per-request arrays: equal to the ids after each step's appends, rebuilt
     for a shorter history, gone when the sequence ends."""
