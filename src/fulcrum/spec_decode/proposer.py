@@ -26,8 +26,8 @@ class Proposer(ABC):
 class TokenArrays:
     """Each running sequence's token ids as a NumPy array, kept from step to step. The ids only
     grow (verified tokens are appended; guesses never are), so a step copies the few new ones
-    instead of converting the whole list, which costs 25-50 µs at 1,500-4,000 tokens, for every
-    request of a step that guesses, on the host while the device waits."""
+    instead of converting the whole list again for every request that guesses, on the host
+    while the device waits."""
 
     def __init__(self) -> None:
         self._arrays: dict[str, tuple[np.ndarray, int]] = {}
