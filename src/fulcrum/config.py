@@ -407,15 +407,15 @@ class IntGemmConfig:
     swap_ab: bool = _knob(
         False,
         "The W4A16 GEMM computes out^T = W^T x^T, the weight dequantized in registers as the "
-        "MMA's first operand (on Hopper no shared-memory round trip for it). Off: on an H100 it "
-        "was 5-25% slower than the default operand order at 64-2,048 rows.",
+        "MMA's first operand (on Hopper no shared-memory round trip for it). Off: slower than "
+        "the default operand order where measured (BENCHMARKS §9.2).",
     )
     dense_rows: int = _knob(
         256,
         "From this many rows a layer dequantizes its weight and runs the dense GEMM (cuBLAS), "
-        "which repays writing the weight once where the GEMM is compute-bound; 0: never. At 512 "
-        "rows and more it ran every 8B and 70B linear 1.3-1.7x faster than the W4A16 GEMM on an "
-        "H100; at 136 rows it was even to 10% slower on the wide ones, at 64 up to 2.7x slower.",
+        "which repays writing the weight once where the GEMM is compute-bound; 0: never. 256: "
+        "below it the W4A16 GEMM was as fast or faster, above it the dense path won on every "
+        "8B and 70B linear measured (BENCHMARKS §9.2).",
     )
 
     def __post_init__(self) -> None:
