@@ -414,8 +414,8 @@ class IntGemmConfig:
         256,
         "From this many rows a layer dequantizes its weight and runs the dense GEMM (cuBLAS), "
         "which repays writing the weight once where the GEMM is compute-bound; 0: never. 256: "
-        "below it the W4A16 GEMM was as fast or faster, above it the dense path won on every "
-        "8B and 70B linear measured (BENCHMARKS §9.2).",
+        "below it the W4A16 GEMM won or tied on the widest layers, above it the dense path won "
+        "on every 8B and 70B linear measured (BENCHMARKS §9.2).",
     )
 
     def __post_init__(self) -> None:
