@@ -158,13 +158,17 @@ class OutputCorpus:
         self._live -= end - start
         self._dead += end - start
         if self._dead > max(4096, self._live):
-            keep = [self.text[s:e] for s, e in self.spans.values()]
-            self.text = np.full(1, _SEP, dtype=np.int64)
-            self.spans, old = OrderedDict(), self.spans
-            self._live = self._dead = 0
-            for key_, toks in zip(old, keep, strict=True):
-                self.add(key_, toks)
-            self._reindex()
+            self._compact()
+
+    def _compact(self) -> None:
+        """The live texts moved together, in order, in one copy; then one re-index."""
+        parts, spans, pos = [self.text[:1]], OrderedDict(), 1
+        for key, (start, end) in self.spans.items():
+            parts += [self.text[start : end + 1]]  # the text and the separator after it
+            spans[key] = (pos, pos + end - start)
+            pos += end - start + 1
+        self.text, self.spans, self._dead = np.concatenate(parts), spans, 0
+        self._reindex()
 
     def oldest(self) -> str:
         return next(iter(self.spans))

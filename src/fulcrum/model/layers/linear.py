@@ -41,10 +41,8 @@ class Linear(Configured, nn.Linear):
                 if gemv.use_gemv(x, self.weight, g.max_m):
                     return gemv.gemv(x, self.weight, self.bias, pdl_cfg=kc.pdl, launch=g.launch)
         if self.packed is not None and self.packed_rows.serves(x):
-            if x.dim() == 2:
-                return packed_linear(x, self.packed, self.bias)
             y = packed_linear(x.reshape(-1, x.shape[-1]), self.packed, self.bias)
-            return y.reshape(*x.shape[:-1], y.shape[-1])
+            return y.reshape(*x.shape[:-1], y.shape[-1])  # views where x is 2-D
         return F.linear(x, self.weight, self.bias)
 
 

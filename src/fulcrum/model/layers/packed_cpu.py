@@ -130,7 +130,9 @@ def pack_linear_weights(
         return None
     if rows is None:
         shapes = tuple(tuple(m.weight.shape) for m, _ in pairs)
-        rows = _measured.get(shapes) or _measured.setdefault(shapes, measure_packed_rows(pairs))
+        if shapes not in _measured:
+            _measured[shapes] = measure_packed_rows(pairs)
+        rows = _measured[shapes]
     if not speculative and rows.min_rows > 1 and rows.max_rows is not None:
         return None
     shared = {
