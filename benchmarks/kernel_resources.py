@@ -11,7 +11,7 @@ loop's SASS, by opcode): a kernel that issues too many per byte is bound by issu
 4096) with ``--weight bf16|fp8|fp32`` and configs ``block_n,block_k,num_warps``, and reports the
 K loop's warp instructions per weight byte against what Hopper can issue per byte at 4.28 TB/s
 (132 SMs x 4 schedulers x 1.98 GHz / 4.28e12 B/s = 0.24). ``--kernel w4a16`` reports the same for
-the W4A16 GEMV (``kernels/w4a16.py``, 4-bit weights, group 128).
+the W4A16 GEMV (``kernels/w4a16_gemv.py``, 4-bit weights, group 128).
 
 Arguments are specialised the way Triton's launcher does at run time (pointers and strides
 divisible by 16), or the loads would not be pipelined here while they are on the device.
@@ -35,7 +35,7 @@ from triton.compiler import ASTSource
 from fulcrum.kernels import decode_attention as decode_mod
 from fulcrum.kernels import gemv as gemv_mod
 from fulcrum.kernels import prefill_attention as prefill_mod
-from fulcrum.kernels import w4a16 as w4a16_mod
+from fulcrum.kernels import w4a16_gemv as w4a16_gemv_mod
 
 REGS_PER_SM, SMEM_PER_SM = 65536, 232448
 UNSPECIALISED = {
@@ -176,18 +176,19 @@ def report_gemv(
 def report_w4a16(
     cfg: tuple[int, ...], arch: int, bits: int = 4, group: int = 128, one_row: bool = True
 ) -> str:
-    """The W4A16 GEMV (``kernels/w4a16.py``, one row of x, split-K partial sums) per weight
+    """The W4A16 GEMV (``kernels/w4a16_gemv.py``, one row of x, split-K partial sums) per weight
     byte: its K loop unpacks, dequantizes and accumulates each weight in registers."""
     block_n, block_k, warps = cfg
     pointers = dict(x_ptr="*bf16", qw_ptr="*i32", z_ptr="*u8", s_ptr="*bf16", m_ptr="*bf16")
-    pointers |= dict(b_ptr="*bf16", out_ptr="*fp32")
+    pointers |= dict(b_ptr="*bf16", out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
     const = dict(GROUP=group, BITS=bits, HAS_MIN=False, HAS_BIAS=False, SPLIT=2, BLOCK_M=1)
     const |= dict(BLOCK_N=block_n, BLOCK_K=block_k)
     if one_row:
         const.pop("BLOCK_M")
-        k = _compile(w4a16_mod._gemv1_kernel, pointers, const, arch, warps, 1, None)
+        const["PDL"] = 0
+        k = _compile(w4a16_gemv_mod._gemv1_kernel, pointers, const, arch, warps, 1, None)
     else:
-        k = _compile(w4a16_mod._gemv_kernel, pointers, const, arch, warps, 1, None)
+        k = _compile(w4a16_gemv_mod._gemv_kernel, pointers, const, arch, warps, 1, None)
     regs, spill, sass = _ptxas(k.asm["ptx"], arch)
     loop = main_loop(sass)
     per_sm = REGS_PER_SM // (regs * 32 * warps)

@@ -30,7 +30,7 @@ def bench_shape(name: str, qtype: str, args: argparse.Namespace) -> None:
     import torch
     import torch.nn.functional as F
 
-    from fulcrum.kernels import kquant, w4a16
+    from fulcrum.kernels import kquant, w4a16, w4a16_gemv
 
     dev, dt = "cuda", torch.bfloat16
     n, k = SHAPES[name]
@@ -64,7 +64,7 @@ def bench_shape(name: str, qtype: str, args: argparse.Namespace) -> None:
             for c in args.gemv_configs:
                 variants[f"gemv {c}"] = (kernel(kquant.gemv, tuple(map(int, c.split(",")))), copies)
             variants["int4 gemv"] = (
-                lambda x, i: w4a16.gemv(x, qws[i], zeros, scales, None, 128), int4[1])  # fmt: skip
+                lambda x, i: w4a16_gemv.gemv(x, qws[i], zeros, scales, None, 128), int4[1])  # fmt: skip
         for c in args.gemm_configs:
             variants[f"gemm {c}"] = (kernel(kquant.gemm, tuple(map(int, c.split(",")))), copies)
         variants["int4 gemm"] = (

@@ -42,7 +42,7 @@ def bench_shape(name: str, args: argparse.Namespace) -> None:
     import torch
     import torch.nn.functional as F
 
-    from fulcrum.kernels import w4a16
+    from fulcrum.kernels import w4a16, w4a16_common, w4a16_gemv
 
     dev, dt = "cuda", torch.bfloat16
     n, k = SHAPES[name]
@@ -67,7 +67,7 @@ def bench_shape(name: str, args: argparse.Namespace) -> None:
 
     for m in args.m:
         x = torch.randn(m, k, device=dev, dtype=dt)
-        ref = w4a16.reference_matmul(x, qws[0], zeros, scales, None, GROUP, 4).float()
+        ref = w4a16_common.reference_matmul(x, qws[0], zeros, scales, None, GROUP, 4).float()
         row = {"shape": name, "n": n, "k": k, "m": m, "group": GROUP}
         row["floor_us"] = round(nbytes / 4.28e12 * 1e6, 2)
         row["bf16_floor_us"] = round(n * k * 2 / 4.28e12 * 1e6, 2)
@@ -75,11 +75,11 @@ def bench_shape(name: str, args: argparse.Namespace) -> None:
         if m <= 16:
             for c in args.gemv_configs:
                 cfg = tuple(map(int, c.split(",")))
-                variants[f"gemv {c}"] = (kernel(w4a16.gemv, cfg, one_row=False), copies)
+                variants[f"gemv {c}"] = (kernel(w4a16_gemv.gemv, cfg, one_row=False), copies)
         if m == 1:
             for c in args.gemv1_configs:
                 cfg = tuple(map(int, c.split(",")))
-                variants[f"gemv1 {c}"] = (kernel(w4a16.gemv, cfg, one_row=True), copies)
+                variants[f"gemv1 {c}"] = (kernel(w4a16_gemv.gemv, cfg, one_row=True), copies)
         for c in args.gemm_configs:
             variants[f"gemm {c}"] = (kernel(w4a16.gemm, tuple(map(int, c.split(",")))), copies)
         for c in args.gemm_t_configs:

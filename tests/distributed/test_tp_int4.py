@@ -12,7 +12,7 @@ import torch
 
 from fulcrum import LLM, SamplingParams
 from fulcrum.distributed.sharding import ShardSpec
-from fulcrum.kernels import w4a16
+from fulcrum.kernels import w4a16, w4a16_gemv
 from fulcrum.quant import get_quant_method
 from fulcrum.quant.int4 import IntLinear
 from int_quantizer import checkpoint_maker, dequantize_reference, quantize_linear, with_config
@@ -85,7 +85,7 @@ def test_rank_slices_equal_the_layers_slices(fmt: str) -> None:
         torch.testing.assert_close(y, x @ want.t(), rtol=0, atol=0)
         xp = x if lin.perm is None else x.index_select(1, lin.perm)
         ops = (xp, lin.qweight, lin.zeros, lin.scales, None, lin.group, bits)
-        for kernel in (w4a16.gemv, w4a16.gemm):
+        for kernel in (w4a16_gemv.gemv, w4a16.gemm):
             torch.testing.assert_close(kernel(*ops), y, rtol=1e-5, atol=1e-5)
         partial.append(y)
     torch.testing.assert_close(partial[0] + partial[1], x_full @ ref_down.t())

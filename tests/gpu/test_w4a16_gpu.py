@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     # which tests/kernels/conftest.py switches on, and this module may be collected first.
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from fulcrum.kernels import w4a16  # noqa: E402
+from fulcrum.kernels import w4a16, w4a16_common, w4a16_gemv  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]  # (N, K): qkv .. down
@@ -42,8 +42,8 @@ def test_gemv_8b_shapes(n: int, k: int, m: int) -> None:
     qw, z, s = _weight(n, k, 128)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    want = w4a16.reference_matmul(x.float(), qw, z, s, b, 128, 4)
-    _check(w4a16.gemv(x, qw, z, s, b, 128), want)
+    want = w4a16_common.reference_matmul(x.float(), qw, z, s, b, 128, 4)
+    _check(w4a16_gemv.gemv(x, qw, z, s, b, 128), want)
 
 
 @pytest.mark.parametrize("m", [1, 3, 64])
@@ -58,7 +58,7 @@ def test_split_k_in_graph_replays_bit_exact(m: int) -> None:
     if m == 64:
         fn, cfg = w4a16.gemm, w4a16.GEMM_CONFIG + (0, 8)
     else:
-        fn, cfg = w4a16.gemv, (w4a16.GEMV1_CONFIG if m == 1 else w4a16.GEMV_CONFIG) + (16,)
+        fn, cfg = w4a16_gemv.gemv, (w4a16_gemv.GEMV1_CONFIG if m == 1 else w4a16_gemv.GEMV_CONFIG) + (16,)
 
     def run() -> torch.Tensor:
         y = x
@@ -67,8 +67,8 @@ def test_split_k_in_graph_replays_bit_exact(m: int) -> None:
         return y
 
     want = run()
-    _check(want, w4a16.reference_matmul(
-        torch.nn.functional.pad(w4a16.reference_matmul(x.float(), *layers[0], b, 128, 4).bfloat16(),
+    _check(want, w4a16_common.reference_matmul(
+        torch.nn.functional.pad(w4a16_common.reference_matmul(x.float(), *layers[0], b, 128, 4).bfloat16(),
                                 (0, k - n)).float(), *layers[1], b, 128, 4))  # fmt: skip
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -86,7 +86,7 @@ def test_split_k_in_graph_replays_bit_exact(m: int) -> None:
 def test_gemm_8b_shapes(n: int, k: int, m: int) -> None:
     qw, z, s = _weight(n, k, 128)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    want = w4a16.reference_matmul(x.float(), qw, z, s, None, 128, 4)
+    want = w4a16_common.reference_matmul(x.float(), qw, z, s, None, 128, 4)
     _check(w4a16.gemm(x, qw, z, s, None, 128), want)
 
 
@@ -98,19 +98,19 @@ def test_swapped_gemm_and_dense_path_8b_shapes(n: int, k: int, m: int) -> None:
     qw, z, s = _weight(n, k, 128)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    want = w4a16.reference_matmul(x.float(), qw, z, s, b, 128, 4)
+    want = w4a16_common.reference_matmul(x.float(), qw, z, s, b, 128, 4)
     _check(w4a16.linear(x, qw, z, s, b, 128, 4, few=False, swap_ab=True), want)
     _check(w4a16.linear(x, qw, z, s, b, 128, 4, few=False, dense_rows=m), want)
 
 
-@pytest.mark.parametrize("fn", [w4a16.gemv, w4a16.gemm])
+@pytest.mark.parametrize("fn", [w4a16_gemv.gemv, w4a16.gemm])
 def test_8bit_and_one_group(fn) -> None:
     for bits, group in ((8, 128), (4, 4096)):
         qw, z, s = _weight(4096, 4096, group, bits)
-        x = torch.randn(3 if fn is w4a16.gemv else 64, 4096, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(3 if fn is w4a16_gemv.gemv else 64, 4096, device="cuda", dtype=torch.bfloat16)
         _check(
             fn(x, qw, z, s, None, group, bits),
-            w4a16.reference_matmul(x.float(), qw, z, s, None, group, bits),
+            w4a16_common.reference_matmul(x.float(), qw, z, s, None, group, bits),
         )
 
 

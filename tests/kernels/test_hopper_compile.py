@@ -33,7 +33,7 @@ print(sorted({(c.name, c.shared) for c in built}))
 _W4A16 = """
 import torch
 from hopper import check_fits, compile_for_hopper
-from fulcrum.kernels import w4a16
+from fulcrum.kernels import w4a16, w4a16_gemv
 
 with compile_for_hopper() as built:
     # Llama-3.1-8B's projections (K, N): qkv, o, gate_up, down
@@ -44,10 +44,10 @@ with compile_for_hopper() as built:
             zeros = torch.empty(g, n, dtype=torch.uint8)
             scales = torch.empty(g, n, dtype=torch.bfloat16)
             m_ = torch.empty(g, n, dtype=torch.bfloat16) if mins else None
-            for m, cfg in ((1, w4a16.GEMV1_CONFIG), (4, w4a16.GEMV_CONFIG)):
+            for m, cfg in ((1, w4a16_gemv.GEMV1_CONFIG), (4, w4a16_gemv.GEMV_CONFIG)):
                 x = torch.empty(m, k, dtype=torch.bfloat16)
-                w4a16.gemv(x, qweight, zeros, scales, None, group, bits, cfg, m_)
-                w4a16.gemv(x, qweight, zeros, scales, None, group, bits, cfg + (4,), m_)
+                w4a16_gemv.gemv(x, qweight, zeros, scales, None, group, bits, cfg, m_)
+                w4a16_gemv.gemv(x, qweight, zeros, scales, None, group, bits, cfg + (4,), m_)
             for m, cfg in ((64, w4a16.GEMM_CONFIG + (0, 4)), (512, w4a16.GEMM_CONFIG_LARGE)):
                 x = torch.empty(m, k, dtype=torch.bfloat16)
                 w4a16.gemm(x, qweight, zeros, scales, None, group, bits, cfg, m_)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fulcrum.kernels import w4a16
+from fulcrum.kernels import w4a16, w4a16_common, w4a16_gemv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -16,7 +16,7 @@ def _random_weight(k: int, n: int, group: int, bits: int, g: torch.Generator):
     groups = k // group
     zeros = torch.randint(0, 1 << bits, (groups, n), generator=g, dtype=torch.int32)
     scales = (torch.rand(groups, n, generator=g) * 0.02 + 0.001).half()
-    return w4a16.pack_rows(q, bits), zeros.to(torch.uint8), scales, q
+    return w4a16_common.pack_rows(q, bits), zeros.to(torch.uint8), scales, q
 
 
 def test_pack_roundtrip_and_dequantize() -> None:
@@ -24,13 +24,13 @@ def test_pack_roundtrip_and_dequantize() -> None:
     for bits in (4, 8):
         qw, z, s, q = _random_weight(64, 24, 16, bits, g)
         assert qw.shape == (64 * bits // 32, 24) and qw.dtype == torch.int32
-        assert torch.equal(w4a16.unpack_rows(qw, bits), q)
+        assert torch.equal(w4a16_common.unpack_rows(qw, bits), q)
         # value by value, from the layout's description
-        w = w4a16.dequantize(qw, z, s, 16, bits)
+        w = w4a16_common.dequantize(qw, z, s, 16, bits)
         mn = torch.randn(4, 24, generator=g).half()
-        assert torch.equal(w4a16.dequantize_t(qw, z, s, 16, bits), w.t())
+        assert torch.equal(w4a16_common.dequantize_t(qw, z, s, 16, bits), w.t())
         assert torch.equal(
-            w4a16.dequantize_t(qw, z, s, 16, bits, mn), w4a16.dequantize(qw, z, s, 16, bits, mn).t()
+            w4a16_common.dequantize_t(qw, z, s, 16, bits, mn), w4a16_common.dequantize(qw, z, s, 16, bits, mn).t()
         )
         for k, n in ((0, 0), (13, 5), (63, 23), (40, 17)):
             word = int(qw[k // (32 // bits), n]) & 0xFFFFFFFF
@@ -61,7 +61,7 @@ def _run(fn, case, seed: int, config=None, tol: float = 1e-5):
     x = torch.randn(m, k, generator=gen)
     b = torch.randn(n, generator=gen) if bias is True else None
     mn = torch.randn(k // group, n, generator=gen).half() * 0.01 if bias == "mins" else None
-    want = w4a16.reference_matmul(x, qw, z, s, b, group, bits, mn)
+    want = w4a16_common.reference_matmul(x, qw, z, s, b, group, bits, mn)
     to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
     args = (to(x), to(qw), to(z), to(s), to(b), group, bits)
     y = fn(*args, config, mins=to(mn))
@@ -72,7 +72,7 @@ def _run(fn, case, seed: int, config=None, tol: float = 1e-5):
 @pytest.mark.parametrize("case", CASES)
 def test_gemv_equals_reference(case) -> None:
     m, k, n = case[:3]
-    _run(w4a16.gemv, case, m * 1000 + k + n)
+    _run(w4a16_gemv.gemv, case, m * 1000 + k + n)
 
 
 @pytest.mark.parametrize("split", [2, 4])
@@ -82,12 +82,12 @@ def test_split_k_gemv_equals_reference(case, split) -> None:
     """K shared out over ``split`` programs per strip, their partial sums added by the strip's
     last program, which leaves the counters at zero: a second launch gives the same output."""
     cfg = (16, 16, 1, split)
-    args, mn = _run(w4a16.gemv, case, split * 1000 + case[0] + case[2], cfg)
-    first = w4a16.gemv(*args, cfg, mins=mn)
-    assert not w4a16.split_counters(first.device, 1).any()
-    torch.testing.assert_close(w4a16.gemv(*args, cfg, mins=mn), first, rtol=0, atol=0)
+    args, mn = _run(w4a16_gemv.gemv, case, split * 1000 + case[0] + case[2], cfg)
+    first = w4a16_gemv.gemv(*args, cfg, mins=mn)
+    assert not w4a16_common.split_counters(first.device, 1).any()
+    torch.testing.assert_close(w4a16_gemv.gemv(*args, cfg, mins=mn), first, rtol=0, atol=0)
     with pytest.raises(ValueError, match="split_k"):
-        w4a16.gemv(*args, (16, 16, 1, 3), mins=mn)
+        w4a16_gemv.gemv(*args, (16, 16, 1, 3), mins=mn)
 
 
 @pytest.mark.parametrize("case", [(20, 128, 40, 16, 4, True), (33, 128, 24, 32, 4, "mins")])
@@ -97,7 +97,7 @@ def test_split_k_gemm_equals_reference(case) -> None:
     cfg = (16, 16, 16, 1, 0, 4)
     args, mn = _run(w4a16.gemm, case, 4000 + case[0], cfg)
     first = w4a16.gemm(*args, cfg, mins=mn)
-    assert not w4a16.split_counters(first.device, 1).any()
+    assert not w4a16_common.split_counters(first.device, 1).any()
     torch.testing.assert_close(w4a16.gemm(*args, cfg, mins=mn), first, rtol=0, atol=0)
     with pytest.raises(ValueError, match="split_k"):
         w4a16.gemm(*args, (16, 16, 16, 1, 0, 3), mins=mn)
@@ -107,27 +107,27 @@ def test_split_k_gemm_equals_reference(case) -> None:
 def test_one_row_kernel_equals_the_rows_kernel(case) -> None:
     """Both GEMV kernels on the same row: the one-row kernel (scale and zero applied per tile)
     and the one that dequantizes each weight agree with each other and the reference."""
-    args, mn = _run(lambda *a, mins: w4a16.gemv(*a, mins=mins, one_row=True), case, 7)
-    y_rows = w4a16.gemv(*args, mins=mn, one_row=False)
-    y_one = w4a16.gemv(*args, mins=mn, one_row=True)
+    args, mn = _run(lambda *a, mins: w4a16_gemv.gemv(*a, mins=mins, one_row=True), case, 7)
+    y_rows = w4a16_gemv.gemv(*args, mins=mn, one_row=False)
+    y_one = w4a16_gemv.gemv(*args, mins=mn, one_row=True)
     torch.testing.assert_close(y_one, y_rows, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="one row"):
-        w4a16.gemv(args[0].repeat(2, 1), *args[1:], mins=mn, one_row=True)
+        w4a16_gemv.gemv(args[0].repeat(2, 1), *args[1:], mins=mn, one_row=True)
 
 
 def test_auto_split_fills_the_sms() -> None:
     sms = 132
-    assert w4a16.auto_split(14336, 128, 128, sms) == 16  # 8B down_proj at a 32-column strip
-    assert w4a16.auto_split(4096, 128, 128, sms) == 8  # o_proj
-    assert w4a16.auto_split(2048, 128, 128, sms) == 4  # each split keeps 4 K tiles
-    assert w4a16.auto_split(4096, 192, 128, sms) == 8  # qkv
-    assert w4a16.auto_split(4096, 896, 128, sms) == 2  # gate_up: already 896 programs
-    assert w4a16.auto_split(4096, 2048, 128, sms) == 1
-    assert w4a16.auto_split(4096 + 128, 128, 128, sms) == 1  # K does not halve into whole tiles
+    assert w4a16_common.auto_split(14336, 128, 128, sms) == 16  # 8B down_proj at a 32-column strip
+    assert w4a16_common.auto_split(4096, 128, 128, sms) == 8  # o_proj
+    assert w4a16_common.auto_split(2048, 128, 128, sms) == 4  # each split keeps 4 K tiles
+    assert w4a16_common.auto_split(4096, 192, 128, sms) == 8  # qkv
+    assert w4a16_common.auto_split(4096, 896, 128, sms) == 2  # gate_up: already 896 programs
+    assert w4a16_common.auto_split(4096, 2048, 128, sms) == 1
+    assert w4a16_common.auto_split(4096 + 128, 128, 128, sms) == 1  # K does not halve into whole tiles
     # the GEMM's rule: one program per SM, at most GEMM_MAX_SPLIT ways (o_proj at 64 rows)
-    assert w4a16.auto_split(4096, 32, 64, 132, 1, 4, w4a16.GEMM_MAX_SPLIT) == 8
-    assert w4a16.auto_split(4096, 32, 64, 132, 1, 4, 4) == 4
-    assert w4a16.auto_split(4096, 224, 64, 132, 1, 4, 8) == 1  # gate_up: 224 tiles already
+    assert w4a16_common.auto_split(4096, 32, 64, 132, 1, 4, w4a16.GEMM_MAX_SPLIT) == 8
+    assert w4a16_common.auto_split(4096, 32, 64, 132, 1, 4, 4) == 4
+    assert w4a16_common.auto_split(4096, 224, 64, 132, 1, 4, 8) == 1  # gate_up: 224 tiles already
 
 
 @pytest.mark.parametrize("case", [(5, 64, 40, 16, 4, True), (17, 48, 32, 48, 4, False),
@@ -152,7 +152,7 @@ def test_swapped_gemm_and_dense_path_equal_reference(case) -> None:
     torch.testing.assert_close(dense, w4a16.gemm(*args, mins=mn), rtol=1e-4, atol=1e-4)
     qw, z, s, group, bits = args[1], args[2], args[3], args[5], args[6]
     w = w4a16.dequantize_dense(qw, z, s, group, bits, torch.float32, mn)
-    torch.testing.assert_close(w, w4a16.dequantize(qw, z, s, group, bits, mn), rtol=0, atol=0)
+    torch.testing.assert_close(w, w4a16_common.dequantize(qw, z, s, group, bits, mn), rtol=0, atol=0)
 
 
 def test_dense_scratch_is_shared_and_only_grows() -> None:
@@ -173,7 +173,7 @@ def test_bad_shapes_are_refused() -> None:
     z = torch.zeros(2, 16, dtype=torch.uint8)
     s = torch.ones(2, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="do not fit"):
-        w4a16.gemv(torch.zeros(1, 60), qw, z, s, None, 32)
+        w4a16_gemv.gemv(torch.zeros(1, 60), qw, z, s, None, 32)
     with pytest.raises(ValueError, match="do not fit"):
         w4a16.gemm(torch.zeros(1, 64), qw, z, s, None, 64, bits=3)
 
@@ -193,8 +193,8 @@ def test_layer_dispatch_runs_the_kernels(monkeypatch: pytest.MonkeyPatch, rows: 
     g_idx = torch.empty(k, dtype=torch.int32)
     g_idx[torch.randperm(k, generator=gen)] = (torch.arange(k) // gs).to(torch.int32)
     zeros = torch.randint(0, 15, (k // gs, n), generator=gen, dtype=torch.int32)
-    lin.load_packed("qweight", w4a16.pack_rows(q, 4), None)
-    lin.load_packed("qzeros", w4a16.pack_rows(zeros.t().contiguous(), 4).t().contiguous(), None)
+    lin.load_packed("qweight", w4a16_common.pack_rows(q, 4), None)
+    lin.load_packed("qzeros", w4a16_common.pack_rows(zeros.t().contiguous(), 4).t().contiguous(), None)
     lin.load_packed("scales", (torch.rand(k // gs, n, generator=gen) * 0.1).half(), None)
     lin.load_packed("g_idx", g_idx, None)
     lin.bias.data.normal_(generator=gen)

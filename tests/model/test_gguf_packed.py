@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fulcrum import LLM, SamplingParams
-from fulcrum.kernels import w4a16
+from fulcrum.kernels import w4a16_common
 from fulcrum.quant.gguf import GgufLinear, repack_blocks
 
 
@@ -25,7 +25,7 @@ def test_repacked_blocks_equal_gguf_dequantizer(type_name: str) -> None:
     want = torch.from_numpy(gguf.quants.dequantize(blocks, qtype).astype(np.float32))
     t = repack_blocks(blocks, type_name, n, k)
     bits = 8 if type_name == "Q8_0" else 4
-    got = w4a16.dequantize(t["qweight"], t["zeros"], t["scales"], 32, bits, t["mins"]).t()
+    got = w4a16_common.dequantize(t["qweight"], t["zeros"], t["scales"], 32, bits, t["mins"]).t()
     assert torch.equal(got, want)
     assert t["qweight"].shape == (k * bits // 32, n) and t["scales"].shape == (k // 32, n)
 

@@ -8,7 +8,7 @@ small integer scale each, which an fp16 scale per super-block multiplies::
     Q6_K  6-bit q, 16 sub-blocks of 16, int8 sc:        w = d * sc * (q - 32)
 
 ``quant/gguf_kquant.py`` repacks a tensor's blocks once at load into this layout (output
-features along columns, as ``w4a16.py`` lays out its words; K a multiple of 256)::
+features along columns, as ``w4a16_common.py`` lays out its words; K a multiple of 256)::
 
     qlo       int32 [K / 8, N]        low 4 bits of q, row k at bits (k % 8) * 4 of word k // 8
     qhi       int32 [K * H / 32, N]   the H high bits (H = 1 for Q5_K, 2 for Q6_K; none for
@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fulcrum.kernels.w4a16 import gemv_step, int_minus, store_tile, unpack_rows
+from fulcrum.kernels.w4a16_common import gemv_step, int_minus, store_tile, unpack_rows
 
 SUPER = 256
 # type -> (H high bits, SUB rows per sub-scale, ZERO, has mins)

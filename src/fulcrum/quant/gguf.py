@@ -8,7 +8,7 @@ one type, each with its own kernels; a layer of one type (most) has one part. Un
 parallelism a rank's shards are its slices of whole blocks (``distributed/gguf_shards.py``),
 which repack into exactly the matching slices of one rank's layout.
 
-llama.cpp's small blocks map onto ``w4a16.py``'s ``w = (q - zero) * scale (+ min)`` per group
+llama.cpp's small blocks map onto ``w4a16_common.py``'s ``w = (q - zero) * scale (+ min)`` per group
 of 32 input rows::
 
     Q4_0  d fp16, 16 bytes: values j and j + 16 in the low and high nibble of byte j
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fulcrum.config import KernelConfig
-from fulcrum.kernels import GEMV_MAX_M, kquant, w4a16
+from fulcrum.kernels import GEMV_MAX_M, kquant, w4a16, w4a16_common
 from fulcrum.kernels.dispatch import Configured, use_triton
 from fulcrum.quant.base import QuantMethod, register_quant_method
 from fulcrum.quant.gguf_kquant import BYTES as K_BYTES
@@ -77,7 +77,7 @@ def repack_blocks(data: np.ndarray, type_name: str, n: int, k: int) -> dict[str,
         bits, zero = 4, 0 if type_name == "Q4_1" else 8
     q = q.reshape(n, k)
     return {
-        "qweight": w4a16.pack_rows(q.t().contiguous(), bits),
+        "qweight": w4a16_common.pack_rows(q.t().contiguous(), bits),
         "zeros": torch.full((g, n), zero, dtype=torch.uint8),
         "scales": d.t().contiguous(),
         "mins": mins.t().contiguous(),
@@ -98,7 +98,7 @@ class _SmallPart(nn.Module):
         self.mins = nn.Parameter(t["mins"], requires_grad=False) if has_min else None
 
     def dequantized(self) -> torch.Tensor:
-        return w4a16.dequantize_t(
+        return w4a16_common.dequantize_t(
             self.qweight, self.zeros, self.scales, BLOCK, self.bits, self.mins
         )
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from fulcrum.kernels.kquant import SUPER, TYPES, KPacked
-from fulcrum.kernels.w4a16 import pack_rows
+from fulcrum.kernels.w4a16_common import pack_rows
 
 BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 

@@ -4,7 +4,7 @@ formats of vLLM's ``--quantization gptq`` / ``awq``: weights stay packed in memo
 A layer first holds its checkpoint's tensors as they are on disk (``int_format.py`` describes
 both layouts); fused projections (qkv, gate_up) take each shard's columns. Once every tensor
 is in, ``finish_loading`` repacks them, once, into the layout the kernels read
-(``kernels/w4a16.py``: ``int32 [in/8, out]``, zeros as bytes, groups contiguous) and drops the
+(``kernels/w4a16_common.py``: ``int32 [in/8, out]``, zeros as bytes, groups contiguous) and drops the
 checkpoint copies. A tensor-parallel rank's act-order slice of a row-parallel layer's input rows
 is regrouped into padded chunks instead (``int_regroup.py``). At run time:
 
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fulcrum.kernels import GEMV_MAX_M, w4a16
+from fulcrum.kernels import GEMV_MAX_M, w4a16, w4a16_common
 from fulcrum.kernels.dispatch import Configured, use_triton
 from fulcrum.quant.base import QuantMethod, register_quant_method
 from fulcrum.quant.int_format import IntWeightFormat, repack
@@ -142,7 +142,7 @@ class IntLinear(Configured, nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """``[out, in]`` fp32 in the checkpoint's row order (tests, the CPU path)."""
-        w = w4a16.dequantize_t(
+        w = w4a16_common.dequantize_t(
             self.qweight, self.zeros, self.scales, self.group, self.fmt.bits, self.mins
         )
         if self.perm is not None:  # padding rows of a regrouped slice add their zero weight

@@ -14,7 +14,7 @@ channels, ``w = (q - zero) * scale``::
     g_idx   int32 [in]: group of row k    (groups are consecutive rows)
       (act-order: not monotone)
 
-The kernels' layout (``kernels/w4a16.py``) is GPTQ's qweight with groups made contiguous
+The kernels' layout (``kernels/w4a16_common.py``) is GPTQ's qweight with groups made contiguous
 (act-order rows permuted, ``perm``), zeros unpacked to bytes and scales as stored.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from fulcrum.kernels.w4a16 import pack_rows, unpack_rows
+from fulcrum.kernels.w4a16_common import pack_rows, unpack_rows
 from fulcrum.quant.int_regroup import regroup
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble j of a word holds column ORDER[j] of its 8

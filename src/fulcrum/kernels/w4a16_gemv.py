@@ -1,0 +1,227 @@
+"""Weight-only integer GEMV: ``y = x @ dequant(W) (+ b)`` for one to a few rows of x, with W
+packed as ``w4a16_common.py`` lays it out. Products are summed in fp32 without ``tl.dot``
+(whose M tile would be mostly padding), each program streaming a strip of N columns; the
+weight is dequantized in registers right after its load, so memory streams only the packed
+words (a quarter of bf16's bytes at 4 bits, plus one scale and zero per group).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fulcrum.config import PdlConfig
+from fulcrum.kernels import pdl
+from fulcrum.kernels.pdl import sm_count
+from fulcrum.kernels.w4a16_common import (
+    auto_split,
+    check_operands,
+    dequant_tile,
+    fit_block_k,
+    gemv_step,
+    split_counters,
+    split_fixup,
+    store_tile,
+)
+
+# (block_n, block_k, num_warps) on CUDA; not tuned (benchmarks/w4a16_bench.py sweeps them)
+GEMV_CONFIG = (32, 256, 4)
+# One row of x (batch-1 decode): (block_n, block_k, num_warps); block_k shrinks to fit the group.
+# The fastest of w4a16_bench.py's sweep over the 8B's four linears on an H100 (BENCHMARKS §9.2).
+GEMV1_CONFIG = (128, 64, 1)
+INTERPRET_GEMV1_CONFIG = (16, 16, 1)
+_EXPO = 150 << 23  # float bits of 2**23 (``_gemv1_kernel``'s ``expo``)
+INTERPRET_GEMV_CONFIG = (16, 16, 1)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, K,
+                 K_SPLIT, stride_xm, stride_q, stride_z, stride_s, stride_om,
+                 GROUP: tl.constexpr, BITS: tl.constexpr, HAS_MIN: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    # One row: products summed elementwise, one reduction at the end (as kernels/gemv.py).
+    acc1 = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_start = tl.program_id(1) * K_SPLIT  # split-K: this program's K_SPLIT rows
+    for k0 in range(k_start, k_start + K_SPLIT, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = k < K
+        w = dequant_tile(qw_ptr, z_ptr, s_ptr, m_ptr, k, offs_n, mask_k, mask_n, k0, K,
+                          stride_q, stride_z, stride_s, GROUP, BITS, HAS_MIN, BLOCK_K, BLOCK_N)  # fmt: skip
+        acc1, acc = gemv_step(acc1, acc, w, x_ptr, k, mask_k, offs_m, mask_m, stride_xm, BLOCK_M)
+    if SPLIT == 1:
+        store_tile(acc1, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS,
+                   BLOCK_M, True)  # fmt: skip
+    else:
+        if BLOCK_M == 1:
+            acc = tl.sum(acc1, axis=0)[None, :]
+        split_fixup(acc, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, M, N,
+                    stride_om, tl.program_id(0), tl.program_id(1), HAS_BIAS, SPLIT, BLOCK_M,
+                    BLOCK_N)  # fmt: skip
+
+
+@triton.jit
+def _gemv1_tile(acc, lo, x_ptr, z_ptr, s_ptr, m_ptr, k0, offs_n, mask_n, offs_r, stride_z, stride_s,
+                expo, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_MIN: tl.constexpr,
+                BLOCK_N: tl.constexpr, R: tl.constexpr):  # fmt: skip
+    """``acc`` plus one K tile of :func:`_gemv1_kernel`: ``lo`` holds the tile's packed words."""
+    PACK: tl.constexpr = 32 // BITS
+    HALF: tl.constexpr = PACK // 2
+    MASK: tl.constexpr = (1 << BITS) - 1
+    hi = (lo.to(tl.uint32, bitcast=True) >> 16).to(tl.int32, bitcast=True)
+    part = tl.zeros([BLOCK_N], dtype=tl.float32)
+    xsum = tl.zeros([R], dtype=tl.float32)
+    for j in tl.static_range(PACK):
+        pos = BITS * (j % HALF)
+        if j < HALF:
+            word = lo
+        else:
+            word = hi
+        e = expo - (pos << 23)  # float bits of 2**(23 - pos)
+        q = ((word & (MASK << pos)) | e).to(tl.float32, bitcast=True)
+        q = q - e.to(tl.float32, bitcast=True)  # exact: the value as a float
+        xj = tl.load(x_ptr + k0 + offs_r * PACK + j).to(tl.float32)
+        part += tl.sum(xj[:, None] * q, axis=0)
+        xsum += xj
+    xs = tl.sum(xsum, axis=0)
+    g = k0 // GROUP
+    z = tl.load(z_ptr + g * stride_z + offs_n, mask=mask_n, other=0).to(tl.float32)
+    sc = tl.load(s_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    acc += sc * (part - z * xs)
+    if HAS_MIN:
+        acc += tl.load(m_ptr + g * stride_s + offs_n, mask=mask_n, other=0.0).to(tl.float32) * xs
+    return acc
+
+
+@triton.jit
+def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, K_SPLIT,
+                  stride_q, stride_z, stride_s, expo, GROUP: tl.constexpr, BITS: tl.constexpr,
+                  HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    """One row of x. A tile lies inside one group, so its scale and zero come out of the sum:
+    ``sum_k x_k (q_k - z) s + m sum_k x_k = s (sum_k x_k q_k - z sum_k x_k) + m sum_k x_k``,
+    leaving about four instructions per weight in the compiled loop (mask, exact float, fused
+    multiply-add, a share of x's loads) where dequantize-then-multiply takes about nine
+    (``benchmarks/kernel_resources.py --kernel w4a16``): the K loop is bound by instructions
+    issued per weight byte, not by memory. Each thread holds all rows of its columns' words, so the
+    sum over K stays in registers; the words' values become floats without a conversion
+    instruction (see ``int_minus``): masked in place in the low or high half-word, OR'd with
+    the exponent that makes their unit 1, minus that power of two. ``expo`` (always
+    ``150 << 23``, the bits of 2**23) arrives as an argument so that the exponents stay in
+    registers: with both mask and exponent as immediates the compiler spends two logic
+    instructions per weight instead of one.
+
+    Launched with PDL (``kernels/pdl.py``), the first tile's words are read before the wait
+    (weights are never written during a step), so they stream while the kernel before
+    finishes; the first tile is peeled off the loop to keep them in registers."""
+    PACK: tl.constexpr = 32 // BITS
+    R: tl.constexpr = BLOCK_K // PACK
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_r = tl.arange(0, R)
+    k_start = tl.program_id(1) * K_SPLIT
+    w_ptrs = qw_ptr + offs_r[:, None] * stride_q + offs_n[None, :]
+    lo = tl.load(w_ptrs + (k_start // PACK) * stride_q, mask=mask_n[None, :], other=0)
+    pdl.wait(PDL)
+    acc = _gemv1_tile(tl.zeros([BLOCK_N], dtype=tl.float32), lo, x_ptr, z_ptr, s_ptr, m_ptr,
+                      k_start, offs_n, mask_n, offs_r, stride_z, stride_s, expo, GROUP, BITS,
+                      HAS_MIN, BLOCK_N, R)  # fmt: skip
+    for k0 in range(k_start + BLOCK_K, k_start + K_SPLIT, BLOCK_K):
+        lo = tl.load(w_ptrs + (k0 // PACK) * stride_q, mask=mask_n[None, :], other=0)
+        acc = _gemv1_tile(acc, lo, x_ptr, z_ptr, s_ptr, m_ptr, k0, offs_n, mask_n, offs_r,
+                          stride_z, stride_s, expo, GROUP, BITS, HAS_MIN, BLOCK_N, R)  # fmt: skip
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
+    else:
+        split_fixup(acc[None, :], ws_ptr, cnt_ptr, b_ptr, out_ptr, tl.arange(0, 1), offs_n,
+                    tl.full([1], 1, tl.int1), mask_n, 1, N, N, tl.program_id(0), tl.program_id(1),
+                    HAS_BIAS, SPLIT, 1, BLOCK_N)  # fmt: skip
+
+
+def _one_row_block_k(block_k: int, k: int, group: int, bits: int) -> int:
+    """The one-row kernel's K tile: a power of two inside one group (its scale and zero come
+    out of the tile's sum), at least one packed word, dividing K; 0 where none fits."""
+    bk = min(block_k, triton.next_power_of_2(k))
+    while bk >= 32 // bits and (group % bk or k % bk):
+        bk //= 2
+    return bk if bk >= 32 // bits else 0
+
+
+def gemv(
+    x: torch.Tensor,  # [M, K], a few rows
+    qweight: torch.Tensor,
+    zeros: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    group: int,
+    bits: int = 4,
+    config: tuple[int, ...] | None = None,  # (block_n, block_k, num_warps[, split_k])
+    mins: torch.Tensor | None = None,
+    one_row: bool | None = None,
+    pdl_cfg: PdlConfig = pdl.DEFAULT,
+) -> torch.Tensor:
+    """``x @ dequant(W) (+ bias)`` for a few rows of ``x``, in ``x``'s dtype.
+
+    One row (``one_row``, default: when ``x`` has one row and a K tile fits inside a group)
+    runs ``_gemv1_kernel``, which takes the group's scale and zero out of its sums; more rows
+    run ``_gemv_kernel``, which dequantizes each weight. ``split_k`` (default on CUDA:
+    :func:`auto_split`) runs that many programs per strip of columns, each over its share of
+    K; the strip's last program adds their fp32 partial sums in a fixed order
+    (:func:`split_fixup`: results are the same run to run, unlike atomic adds)."""
+    x, out = check_operands(x, qweight, zeros, scales, mins, group, bits)
+    m, n, k = x.shape[0], out.shape[1], x.shape[1]
+    if m == 0:
+        return out
+    cfg1 = config or (GEMV1_CONFIG if x.is_cuda else INTERPRET_GEMV1_CONFIG)
+    block_k1 = _one_row_block_k(cfg1[1], k, group, bits)
+    if one_row is None:
+        one_row = m == 1 and block_k1 > 0
+    if one_row:
+        cfg = cfg1
+        block_n, _, warps = cfg[:3]
+        block_k = block_k1
+        if m != 1 or not block_k:
+            raise ValueError(f"w4a16: the one-row GEMV takes one row and a K tile inside a "
+                             f"group; got {m} rows, K = {k}, group {group}")  # fmt: skip
+        per_sm, min_tiles = 16, 2  # one-warp programs: more of them, shorter
+    else:
+        cfg = config or (GEMV_CONFIG if x.is_cuda else INTERPRET_GEMV_CONFIG)
+        block_n, block_k, warps = cfg[:3]
+        block_k = max(32 // bits, fit_block_k(block_k, k, group))
+        per_sm, min_tiles = 8, 4
+    programs = triton.cdiv(n, block_n)
+    if len(cfg) > 3:
+        split = cfg[3]
+    elif x.is_cuda:
+        split = auto_split(k, programs, block_k, sm_count(x.device.index), per_sm, min_tiles)
+    else:
+        split = 1
+    if split < 1 or k % (split * block_k):
+        raise ValueError(f"w4a16: split_k {split} x block_k {block_k} does not divide K = {k}")
+    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    counters = out if split == 1 else split_counters(x.device, programs)
+    common = dict(GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None,
+                  SPLIT=split, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)  # fmt: skip
+    operands = (x, qweight, zeros, scales, mins if mins is not None else scales,
+                bias if bias is not None else scales, out, ws, counters)  # fmt: skip
+    if one_row:  # released before its wait, as the bf16 GEMV (``kernels/gemv.py``)
+        mode = pdl.mode(x, programs * split, pdl_cfg, early=True)
+        _gemv1_kernel[(programs, split)](
+            *operands, n, k // split, qweight.stride(0), zeros.stride(0), scales.stride(0),
+            _EXPO, PDL=mode, **common, **pdl.launch_options(mode),
+        )  # fmt: skip
+    else:
+        _gemv_kernel[(programs, split)](
+            *operands, m, n, k, k // split, x.stride(0), qweight.stride(0), zeros.stride(0),
+            scales.stride(0), out.stride(0), BLOCK_M=triton.next_power_of_2(m), **common,
+        )  # fmt: skip
+    return out
