@@ -200,6 +200,8 @@ def test_queue_limit_counts_sequences(small_server: Server) -> None:
     assert "4 sequences" in out["error"]["message"]
     status, out = small_server.json("POST", "/v1/completions", {"prompt": ["a", "b"], "n": 2})
     assert status == 400 and out["error"]["param"] == "n", out
+    status, out = small_server.json("POST", "/v1/completions", {"prompt": ["a"] * 4})
+    assert status == 400 and out["error"]["param"] == "prompt", out  # too many prompts, not n
     readers = [SSEReader(small_server, 1000) for _ in range(2)]
     for r in readers:
         r.start()

@@ -15,7 +15,13 @@ from fulcrum.entrypoints.openai.metrics import ServerMetrics
 from fulcrum.entrypoints.openai.middleware import ServerGuard
 from fulcrum.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from fulcrum.entrypoints.openai.serving_base import ServeOptions, ServerState
-from fulcrum.entrypoints.openai.sse import DONE, completion_logprobs, sse_error, sse_event
+from fulcrum.entrypoints.openai.sse import (
+    DONE,
+    chat_logprobs,
+    completion_logprobs,
+    sse_error,
+    sse_event,
+)
 from fulcrum.protocol import SchedulerStats
 
 TPL = (
@@ -66,6 +72,19 @@ def test_completion_logprobs_offsets() -> None:
     assert lp["token_logprobs"][0] is None
 
 
+def test_logprob_bytes_rebuild_the_text(smollm_tokenizer) -> None:
+    """Pieces of one emoji or CJK character decode to U+FFFD alone; their bytes join into the
+    text, and the completion offsets count whole characters."""
+    text = "🐱 héllo 日本"
+    ids = smollm_tokenizer.encode(text)
+    entries = chat_logprobs(ids, None, 0, smollm_tokenizer)
+    assert "\ufffd" in "".join(e["token"] for e in entries)  # the check below is not vacuous
+    assert bytes(b for e in entries for b in e["bytes"]).decode() == text
+    lp = completion_logprobs(ids, None, 0, smollm_tokenizer, 0)
+    assert lp["text_offset"][0] == 0 and max(lp["text_offset"]) < len(text)
+    assert lp["text_offset"][ids.index(ids[-1])] == text.index("本")
+
+
 def test_protocol_models() -> None:
     r = ChatCompletionRequest.model_validate(
         {
@@ -83,6 +102,22 @@ def test_protocol_models() -> None:
     assert c.prompt == [[1, 2], [3]] and c.max_tokens == 16
     with pytest.raises(ValueError):
         ChatCompletionRequest.model_validate_json('{"messages": [], "temperature": NaN}')
+
+
+def test_null_means_the_default() -> None:
+    """OpenAI types these fields "value or null"; client wrappers send null for unset ones."""
+    nulls = ["temperature", "top_p", "n", "stream", "logprobs", "presence_penalty",
+             "frequency_penalty", "parallel_tool_calls", "top_k", "ignore_eos"]  # fmt: skip
+    body = {"messages": [{"role": "user", "content": "a"}]} | dict.fromkeys(nulls)
+    r = ChatCompletionRequest.model_validate_json(json.dumps(body))
+    assert (r.temperature, r.top_p, r.n, r.stream, r.logprobs) == (1.0, 1.0, 1, False, False)
+    assert r.parallel_tool_calls is True and r.top_k == -1
+    c = CompletionRequest.model_validate_json('{"prompt": "a", "echo": null, "max_tokens": null}')
+    assert c.echo is False and c.max_tokens == 16
+    with pytest.raises(ValueError, match="messages"):  # a required field stays required
+        ChatCompletionRequest.model_validate_json('{"messages": null}')
+    with pytest.raises(ValueError, match="temperature"):  # and a wrong type stays wrong
+        ChatCompletionRequest.model_validate_json('{"messages": [], "temperature": "hot"}')
 
 
 def test_metrics_registry() -> None:

@@ -49,18 +49,28 @@ def test_parser_for_template() -> None:
 def test_stream_holds_back_the_call() -> None:
     st = ToolStream(ToolCalls(get_parser("hermes")))
     fed = [st.feed(d) for d in ["Sure", ". <tool", '_call>{"name": "f", ', '"arguments": {}}']]
-    assert "".join(t for t, _ in fed) == "Sure. "
+    assert "".join(t for t, _ in fed) == "Sure."  # the space before the call is dropped
     deltas = [d for _, ds in fed for d in ds]
-    assert deltas[0]["function"] == {"name": "f", "arguments": ""} and deltas[0]["id"]
-    assert deltas[1] == {"index": 0, "function": {"arguments": "{}"}}
+    assert len(deltas) == 1 and deltas[0]["id"] and deltas[0]["index"] == 0
+    assert deltas[0]["function"] == {"name": "f", "arguments": "{}"}
     assert st.finish() == "" and st.has_calls
     plain = ToolStream(ToolCalls(get_parser("hermes")))
-    assert plain.feed("a <tool") == ("a ", [])  # may be the opening text: held
-    assert plain.feed("s>") == ("<tools>", [])
-    assert plain.finish() == "" and not plain.has_calls
+    assert plain.feed("a <tool") == ("a", [])  # may be the opening text: held, with the space
+    assert plain.feed("s>") == (" <tools>", [])
+    assert plain.feed(" ") == ("", [])
+    assert plain.finish() == " " and not plain.has_calls
     broken = ToolStream(ToolCalls(get_parser("hermes")))
-    assert broken.feed("x <tool_call>{not json") == ("x ", [])
-    assert broken.finish() == "<tool_call>{not json"  # no call was sent: it was content
+    assert broken.feed("x <tool_call>{not json") == ("x", [])
+    assert broken.finish() == " <tool_call>{not json"  # no call was sent: it was content
+
+
+def test_tool_without_parameters_takes_none() -> None:
+    import jsonschema
+
+    schema = tool_call_schema([{"type": "function", "function": {"name": "ping"}}], "ping", False)
+    jsonschema.validate([{"name": "ping", "parameters": {}}], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "ping", "parameters": {"type": "function"}}], schema)
 
 
 def test_forced_schema_validates_only_calls_of_the_tools() -> None:

@@ -1,6 +1,7 @@
 """Streamed tool calls: fed in arbitrary pieces, every format's deltas assemble into exactly the
-calls the whole-text parse finds (names and argument strings), in OpenAI's order (id and name
-first, then argument fragments), with the arguments sent while the model is still writing them."""
+calls the whole-text parse finds (names and argument strings), each call sent whole as soon as its
+object closes; output whose calls do not count (malformed, unknown, cut) is the same content
+streamed or not."""
 
 from __future__ import annotations
 
@@ -44,8 +45,10 @@ TEXTS = {
 }
 
 
-def _tools(fmt: str) -> ToolCalls:
-    return ToolCalls(None, forced=True) if fmt == "forced" else ToolCalls(get_parser(fmt))
+def _tools(fmt: str, names: frozenset[str] | None = None) -> ToolCalls:
+    if fmt == "forced":
+        return ToolCalls(None, forced=True)
+    return ToolCalls(get_parser(fmt), names=names)
 
 
 def _pieces(text: str, rng: random.Random) -> list[str]:
@@ -87,13 +90,15 @@ def test_stream_equals_whole(fmt: str, seed: int) -> None:
     assert json.loads(whole[0]) == json.loads(ARGS_A) and whole[1] == ARGS_B
     pieces = _pieces(text, random.Random(seed)) if seed else list(text)
     content, calls, log = stream(tools, pieces)
-    assert content.strip() == (msg["content"] or "")
+    assert content == (msg["content"] or "")
     assert [calls[k]["name"] for k in sorted(calls)] == ["weather", "time"]
     assert [calls[k]["arguments"] for k in sorted(calls)] == whole
     assert calls[0]["id"].startswith("call_") and calls[0]["id"] != calls[1]["id"]
-    # Incremental: the first call's arguments were sent in several pieces, before the text ended.
-    frags = [n for n, d in log if d["index"] == 0 and d["function"]["arguments"]]
-    assert len(frags) > 3 and frags[0] < len(pieces) // 2
+    # Each call in one delta, sent at the piece that closed its object: the first one before the
+    # second call's text began.
+    assert [d["index"] for _, d in log] == [0, 1]
+    fed = "".join(pieces[: log[0][0] + 1])
+    assert fed.count(ARGS_A) == 1 and ARGS_B not in fed
 
 
 def test_name_after_arguments_is_sent_then() -> None:
@@ -120,13 +125,54 @@ def test_plain_content_streams_as_content(fmt: str, text: str) -> None:
     assert tools.message(text) == ({"role": "assistant", "content": text}, False)
 
 
-def test_cut_call_sends_what_is_known() -> None:
-    """Output cut by max_tokens mid-arguments: the name and a prefix of the arguments went out."""
+def test_cut_call_is_content() -> None:
+    """Output cut by max_tokens mid-arguments: no call goes out; the text is the content, as in
+    the whole response."""
     text = TEXTS["hermes"]
     cut = text[: text.index('"days"')]
-    _, calls, _ = stream(_tools("hermes"), list(cut))
-    assert calls[0]["name"] == "weather" and ARGS_A.startswith(calls[0]["arguments"])
-    assert _tools("hermes").message(cut)[1] is False  # whole: not a call
+    content, calls, _ = stream(_tools("hermes"), list(cut))
+    assert calls == {} and content == cut
+    assert _tools("hermes").message(cut) == ({"role": "assistant", "content": cut}, False)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>\n{"name": "weather", "arguments": {"city": Paris}}\n</tool_call>',
+        '<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>',  # not a tool
+        '<tool_call>\n{"name": "weather", "arguments": [1, 2]}\n</tool_call>',  # not an object
+        '<tool_call>\n{"name": "weather", "arguments": "not json"}\n</tool_call>',
+        'Sure! <tool_call>\n{"name": "weather", "arguments": {"city": "Par',  # cut
+    ],
+)
+def test_calls_that_do_not_count_are_content(text: str) -> None:
+    tools = _tools("hermes", frozenset({"weather", "time"}))
+    for seed in range(3):
+        pieces = _pieces(text, random.Random(seed)) if seed else list(text)
+        content, calls, _ = stream(tools, pieces)
+        assert calls == {} and content == text
+    assert tools.message(text) == ({"role": "assistant", "content": text}, False)
+
+
+def test_calls_end_at_the_first_that_does_not_count() -> None:
+    good = '{"name": "weather", "arguments": {"city": "Oslo"}}'
+    text = f"Checking.  \n<tool_call>\n{good}\n</tool_call>\n<tool_call>\n{{\"name\": \"time\", " \
+        '"arguments": {tz: 1}}\n</tool_call>'
+    tools = _tools("hermes", frozenset({"weather", "time"}))
+    msg, has = tools.message(text)
+    assert has and msg["content"] == "Checking." and len(msg["tool_calls"]) == 1
+    content, calls, _ = stream(tools, list(text))
+    assert content == "Checking." and len(calls) == 1
+    assert calls[0]["arguments"] == msg["tool_calls"][0]["function"]["arguments"]
+
+
+def test_forced_cut_output_is_not_content() -> None:
+    """tool_choice required / named, cut by max_tokens: the call array's JSON never leaks into
+    the content."""
+    cut = '[{"name": "weather", "parameters": {"city": "Os'
+    content, calls, _ = stream(_tools("forced"), list(cut))
+    assert content == "" and calls == {}
+    assert _tools("forced").message(cut) == ({"role": "assistant", "content": None}, False)
 
 
 def test_scanner_values() -> None:

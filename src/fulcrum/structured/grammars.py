@@ -4,6 +4,7 @@ a request up front and, by the backend, to compile it for a tokenizer."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from fulcrum.sampling_params import StructuredOutputsParams
@@ -76,4 +77,13 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
     except ValueError:
         raise
     except Exception as e:  # xgrammar raises RuntimeError / its own types on bad input
-        raise ValueError(f"{type(e).__name__}: {e}".strip()) from None
+        raise ValueError(_library_message(str(e)) or type(e).__name__) from None
+
+
+# xgrammar's C++ errors begin "[hh:mm:ss] /path/file.cc:line: ": where in the library, not
+# what is wrong with the request.
+_LIBRARY_PREFIX = re.compile(r"^\[\d\d:\d\d:\d\d\] [^\s:]+:\d+: ")
+
+
+def _library_message(text: str) -> str:
+    return _LIBRARY_PREFIX.sub("", text.strip())

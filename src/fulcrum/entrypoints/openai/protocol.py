@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
+from pydantic_core import PydanticUndefined
 
 from fulcrum.entrypoints.openai.limits import (
     MAX_LOGPROBS,
@@ -49,7 +50,23 @@ Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRING
 
 
 class SamplingRequest(OpenAIBaseModel):
-    """Fields shared by chat and completions requests (OpenAI's plus vLLM's extras)."""
+    """Fields shared by chat and completions requests (OpenAI's plus vLLM's extras).
+
+    OpenAI types most optional fields as "value or null", and client wrappers send ``null`` for
+    what the caller left unset: an explicit ``null`` on a field with a default means that
+    default. Required fields keep their ``null``, which then fails validation by name."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        drop = set()
+        for name, f in cls.model_fields.items():
+            key = f.alias or name
+            if key in data and data[key] is None and f.default not in (None, PydanticUndefined):
+                drop.add(key)
+        return {k: v for k, v in data.items() if k not in drop} if drop else data
 
     model: str | None = Field(None, description="Served model name (see GET /v1/models).")
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)

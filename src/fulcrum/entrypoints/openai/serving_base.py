@@ -179,16 +179,16 @@ class OpenAIServing:
             raise model_not_found(model)
         return model
 
-    def check_admission(self, num_new_seqs: int) -> None:
+    def check_admission(self, num_new_seqs: int, param: str = "n") -> None:
         """Count sequences (prompts x n): 429 when those waiting for a batch slot would exceed
-        --max-queued-requests, 400 when this request alone could never fit."""
+        --max-queued-requests, 400 naming ``param`` when this request alone could never fit."""
         capacity = self.opts.max_num_seqs + self.opts.max_queued_requests
         if num_new_seqs > capacity:
             raise bad_request(
                 f"This request asks for {num_new_seqs} sequences (prompts x n); the server "
                 f"runs at most {self.opts.max_num_seqs} and queues at most "
                 f"{self.opts.max_queued_requests} more.",
-                "n",
+                param,
                 "too_many_sequences",
             )
         if self.engine.num_seqs_in_flight + num_new_seqs > capacity:

@@ -27,7 +27,7 @@ from fulcrum.entrypoints.openai.serving_base import (
 )
 from fulcrum.entrypoints.openai.serving_response import ResponseContext
 from fulcrum.entrypoints.openai.sse import chat_logprobs
-from fulcrum.entrypoints.openai.structured_request import structured_params
+from fulcrum.entrypoints.openai.structured_request import check_tool_schemas, structured_params
 from fulcrum.entrypoints.openai.tool_calls import ToolCalls, ToolStream
 from fulcrum.entrypoints.openai.tool_parsers import get_parser, parser_for_template
 from fulcrum.entrypoints.openai.tool_prompt import (
@@ -150,13 +150,15 @@ class ServingChat(OpenAIServing):
         if choice == "none":
             return None, None, None
         name = None if isinstance(choice, str) or choice is None else choice.function.name
+        check_tool_schemas(tools, enforced=choice == "required" or name is not None)
         if name is not None and name not in {t["function"]["name"] for t in tools}:
             raise bad_request(f"tool_choice: no tool named {name!r} in tools.", "tool_choice")
         if choice == "required" or name is not None:
             schema = tool_call_schema(tools, name, req.parallel_tool_calls)
             return tools, ToolCalls(None, forced=True), {"json": schema}
         parser = self.opts.tool_call_parser or parser_for_template(self.template_for(req))
-        return tools, ToolCalls(get_parser(parser)), None
+        names = frozenset(t["function"]["name"] for t in tools)
+        return tools, ToolCalls(get_parser(parser), names=names), None
 
 
 class _ChatCtx(ResponseContext):

@@ -94,7 +94,8 @@ class ServingCompletions(OpenAIServing):
             self.resolve_max_tokens(len(ids), req.max_tokens, 16, "prompt") for _, ids in prompts
         ]
         params = [self.sampling_params(req, m, req.logprobs, structured) for m in resolved]
-        self.check_admission(len(prompts) * max(req.n, req.best_of or 1))
+        n = max(req.n, req.best_of or 1)
+        self.check_admission(len(prompts) * n, "prompt" if n == 1 else "n")
         base = self.new_request_id("cmpl")
         states = [
             _Prompt(f"{base}-{i}" if len(prompts) > 1 else base, text, ids)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import math
 from typing import Any
 
@@ -9,6 +10,7 @@ import msgspec
 
 from fulcrum.engine.outputs import SampleLogprobs, TokenLogprob
 from fulcrum.entrypoints.openai.errors import OpenAIError
+from fulcrum.entrypoints.openai.token_bytes import token_bytes
 
 _ENC = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
@@ -58,14 +60,13 @@ def chat_logprobs(
         tops = []
         for alt_id, alt in _top(entries, top_n):
             alt_text = _token_text(alt, alt_id, tokenizer)
-            tops.append(
-                {"token": alt_text, "logprob": _lp(alt.logprob), "bytes": list(alt_text.encode())}
-            )
+            alt_bytes = list(token_bytes(tokenizer, alt_id, alt_text))
+            tops.append({"token": alt_text, "logprob": _lp(alt.logprob), "bytes": alt_bytes})
         content.append(
             {
                 "token": text,
                 "logprob": _lp(sampled.logprob) if sampled is not None else MIN_LOGPROB,
-                "bytes": list(text.encode()),
+                "bytes": list(token_bytes(tokenizer, tid, text)),
                 "top_logprobs": tops,
             }
         )
@@ -81,19 +82,22 @@ def completion_logprobs(
     prompt_token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     """Legacy format: tokens, token_logprobs, top_logprobs (top_n plus the sampled token),
-    text_offset. Echoed prompt tokens come first with null logprobs."""
+    text_offset. Echoed prompt tokens come first with null logprobs. A token's offset counts
+    the characters its predecessors' bytes complete: the pieces of one multi-byte character
+    each decode to U+FFFD alone, but are one character of the text."""
     tokens: list[str] = []
     token_logprobs: list[float | None] = []
     top_logprobs: list[dict[str, float] | None] = []
     offsets: list[int] = []
     offset = text_offset
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for tid in prompt_token_ids or []:
         text = str(tokenizer.decode([tid], skip_special_tokens=False))
         tokens.append(text)
         token_logprobs.append(None)
         top_logprobs.append(None)
         offsets.append(offset)
-        offset += len(text)
+        offset += len(utf8.decode(token_bytes(tokenizer, tid, text)))
     for i, tid in enumerate(token_ids):
         entries = logprobs[i] if logprobs is not None and i < len(logprobs) else {}
         sampled = entries.get(tid)
@@ -107,7 +111,7 @@ def completion_logprobs(
         token_logprobs.append(_lp(sampled.logprob) if sampled is not None else MIN_LOGPROB)
         top_logprobs.append(tops)
         offsets.append(offset)
-        offset += len(text)
+        offset += len(utf8.decode(token_bytes(tokenizer, tid, text)))
     return {
         "tokens": tokens,
         "token_logprobs": token_logprobs,

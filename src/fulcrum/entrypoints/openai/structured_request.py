@@ -68,3 +68,27 @@ def structured_params(
     except ValueError as e:
         raise OpenAIError(str(e), 400, "invalid_request_error", param) from None
     return params
+
+
+def check_tool_schemas(tools: list[dict[str, Any]], enforced: bool) -> None:
+    """Each tool's ``parameters`` is a valid JSON schema; where calls are forced (``enforced``),
+    also one the grammar backend can enforce. The 400 names the tool's field, not the forced
+    call array's schema built from it."""
+    import jsonschema
+
+    for i, tool in enumerate(tools):
+        schema = tool["function"].get("parameters")
+        if schema is None:
+            continue
+        param = f"tools[{i}].function.parameters"
+        try:
+            if enforced:
+                validate_structured(StructuredOutputsParams(json=schema))
+            else:
+                jsonschema.validators.validator_for(schema).check_schema(schema)
+        except ValueError as e:
+            msg = str(e).removeprefix("structured_outputs.json: ")
+            raise bad_request(f"{param}: {msg}", param) from None
+        except jsonschema.SchemaError as e:
+            raise bad_request(f"{param}: invalid JSON schema: {e.message}", param) from None
+

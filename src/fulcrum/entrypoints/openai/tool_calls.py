@@ -1,11 +1,17 @@
 """A chat request's tools on the way out: which calls the output holds, whole or streamed.
 
 ``forced`` (``tool_choice`` ``required`` or named): structured output made the text a JSON array
-of ``{"name", "parameters"}``, so it always parses. ``auto``: the tool parser decides. Streaming
-passes content through until the parser's opening text appears; from there an incremental
-scanner sends each call in OpenAI's delta shape as the model writes it: id, type and name once
-the name is complete, then the arguments' text in fragments. The fragments are the model's own
-JSON text, the same string the non-streamed response carries."""
+of ``{"name", "parameters"}``, so it always parses. ``auto``: the tool parser decides.
+
+A call counts when its object is complete, names one of the request's tools and its arguments
+are JSON (``ToolParser.valid_calls``): the calls are the leading run of such objects, and a
+malformed or unknown call ends the run. Streaming passes content through until the parser's
+opening text appears; from there it sends each call in OpenAI's delta shape (id, type, name and
+the whole arguments text) as soon as its object closes and checks out, so a client never
+receives arguments it cannot parse, and the calls it assembles are the ones the non-streamed
+response holds. Output with no such call (a malformed object, or one cut by ``max_tokens``)
+ends as plain content, streamed or not. The arguments are the model's own JSON text, the same
+string either way."""
 
 from __future__ import annotations
 
@@ -13,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fulcrum.entrypoints.openai.tool_parsers import ForcedParser, ParsedToolCall, ToolParser
-from fulcrum.entrypoints.openai.tool_parsers.base import new_call_id
 from fulcrum.entrypoints.openai.tool_parsers.scanner import CallScanner
 
 
@@ -21,6 +26,7 @@ from fulcrum.entrypoints.openai.tool_parsers.scanner import CallScanner
 class ToolCalls:
     parser: ToolParser | None  # None: forced
     forced: bool = False
+    names: frozenset[str] | None = None  # the request's tools (None: any name)
 
     def __post_init__(self) -> None:
         if self.parser is None:
@@ -32,9 +38,9 @@ class ToolCalls:
         return self.parser
 
     def parse(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        content, calls = self.the_parser.parse(text)
-        if self.forced:  # no calls: cut by max_tokens, the text is all there is
-            return (None if calls else text), calls
+        content, calls = self.the_parser.parse(text, self.names)
+        if self.forced:  # the text is the calls' JSON: never content, even cut by max_tokens
+            return None, calls
         return (content or None) if calls else content, calls
 
     def message(self, text: str) -> tuple[dict[str, Any], bool]:
@@ -55,7 +61,7 @@ class ToolStream:
     sent: int = 0  # characters of ``text`` sent as content
     scanner: CallScanner | None = None  # set once the calls began
     ids: list[str] = field(default_factory=list)  # one per call sent
-    args_sent: list[int] = field(default_factory=list)  # argument characters sent per call
+    ended: bool = False  # a call that does not count was seen: no call after it is sent
 
     @property
     def has_calls(self) -> bool:
@@ -70,43 +76,45 @@ class ToolStream:
         parser = self.tools.the_parser
         at = parser.find_start(self.text)
         if at >= 0:
-            out, self.sent = self.text[self.sent : at], at
+            # The content before the calls, less its trailing whitespace (as ``parse`` has it);
+            # that whitespace stays unsent for ``finish`` should no call count.
+            out = self.text[self.sent : at].rstrip()
+            self.sent += len(out)
             self.scanner = parser.scanner()
             self.scanner.feed(self.text[at:])
             return out, self._deltas()
-        # Keep back a tail that may be the beginning of the opening text.
+        # Keep back a tail that may be the beginning of the opening text, and trailing
+        # whitespace, which a call right after it would drop.
         start, n = parser.start, len(self.text)
         keep = next((k for k in range(min(len(start) - 1, n), 0, -1)
-                     if start.startswith(self.text[-k:])), 0)
-        out, self.sent = self.text[self.sent : n - keep], n - keep
+                     if start.startswith(self.text[-k:])), 0)  # fmt: skip
+        end = max(len(self.text[: n - keep].rstrip()), self.sent)
+        out, self.sent = self.text[self.sent : end], end
         return out, []
 
     def _deltas(self) -> list[dict[str, Any]]:
         sc = self.scanner
         assert sc is not None
         out: list[dict[str, Any]] = []
-        for k, call in enumerate(sc.calls):
-            if call.name is None:
+        while not self.ended and len(self.ids) < len(sc.calls):
+            call = sc.calls[len(self.ids)]
+            if not call.complete:
                 break
-            entry: dict[str, Any] | None = None
-            if k == len(self.ids):
-                self.ids.append(new_call_id())
-                self.args_sent.append(0)
-                entry = {"index": k, "id": self.ids[k], "type": "function",
-                         "function": {"name": call.name, "arguments": ""}}
-            args = sc.streamable_arguments(call)
-            frag = args[self.args_sent[k] :]
-            if frag:
-                self.args_sent[k] = len(args)
-                entry = entry or {"index": k, "function": {"arguments": ""}}
-                entry["function"]["arguments"] += frag
-            if entry is not None:
-                out.append(entry)
+            parsed = self.tools.the_parser.counted(sc, call, self.tools.names)
+            if parsed is None:
+                self.ended = True
+                break
+            k = len(self.ids)
+            self.ids.append(parsed.id)
+            out.append({"index": k, "id": parsed.id, "type": "function",
+                        "function": {"name": parsed.name, "arguments": parsed.arguments}})  # fmt: skip
         return out
 
     def finish(self) -> str:
-        """Content still held back at the end (nothing once a call was sent)."""
-        if self.has_calls:
+        """Content still held back at the end: none once a call was sent (the rest of the text
+        belongs to the calls), none in forced mode; else the whole rest, calls that did not
+        count included, as the non-streamed message has it."""
+        if self.has_calls or self.tools.forced:
             return ""
         rest, self.sent = self.text[self.sent :], len(self.text)
         return rest

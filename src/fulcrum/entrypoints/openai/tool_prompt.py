@@ -75,6 +75,10 @@ def hermes_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]])
     return out
 
 
+# OpenAI: "omitting parameters defines a function with an empty parameter list".
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
 def tool_call_schema(tools: list[dict[str, Any]], name: str | None, parallel: bool) -> dict[str, Any]:
     """JSON schema of the calls ``required`` / a named ``tool_choice`` forces: an array of
     ``{"name", "parameters"}`` objects (one item unless ``parallel``)."""
@@ -84,7 +88,7 @@ def tool_call_schema(tools: list[dict[str, Any]], name: str | None, parallel: bo
             "type": "object",
             "properties": {
                 "name": {"const": t["function"]["name"]},
-                "parameters": t["function"].get("parameters") or {"type": "object"},
+                "parameters": t["function"].get("parameters") or NO_PARAMETERS,
             },
             "required": ["name", "parameters"],
             "additionalProperties": False,

@@ -22,7 +22,7 @@ from abc import ABC
 from dataclasses import dataclass
 from typing import Any
 
-from fulcrum.entrypoints.openai.tool_parsers.scanner import CallScanner
+from fulcrum.entrypoints.openai.tool_parsers.scanner import CallScanner, ScannedCall
 
 
 @dataclass
@@ -56,8 +56,11 @@ class ToolParser(ABC):
     def scanner(self) -> CallScanner:
         return CallScanner(self.gap, self.args_keys)
 
-    def parse(self, text: str) -> tuple[str, list[ParsedToolCall]]:
-        """The content left outside the calls, and the calls (none: plain content)."""
+    def parse(
+        self, text: str, names: frozenset[str] | None = None
+    ) -> tuple[str, list[ParsedToolCall]]:
+        """The content left outside the calls, and the calls (none: plain content): the leading
+        run of calls that count (:meth:`counted`; ``names``: the request's tools)."""
         at = self.find_start(text)
         if at < 0:
             return text, []
@@ -65,26 +68,34 @@ class ToolParser(ABC):
         sc.feed(text[at:])
         calls = []
         for c in sc.calls:
-            args = sc.streamable_arguments(c)
-            if not c.complete or c.name is None or not _is_json(args, c.args_string is not None):
-                return text, []
-            calls.append(ParsedToolCall(c.name, args))
+            parsed = self.counted(sc, c, names) if c.complete else None
+            if parsed is None:
+                break
+            calls.append(parsed)
         if not calls:
             return text, []
         return self.content_before(text, at), calls
 
+    def counted(
+        self, sc: CallScanner, call: ScannedCall, names: frozenset[str] | None
+    ) -> ParsedToolCall | None:
+        """A complete scanned object as a call, or None where it does not count: no name, a
+        name outside ``names``, or arguments that are not a JSON object (given as an object or
+        as a string holding one)."""
+        args = sc.streamable_arguments(call)
+        if call.name is None or (names is not None and call.name not in names):
+            return None
+        return ParsedToolCall(call.name, args) if _is_object(args) else None
+
     def content_before(self, text: str, at: int) -> str:
-        return text[:at].strip()
+        return text[:at].rstrip()
 
 
-def _is_json(args: str, is_string: bool) -> bool:
-    if is_string:
-        return True
+def _is_object(args: str) -> bool:
     try:
-        json.loads(args)
+        return isinstance(json.loads(args), dict)
     except json.JSONDecodeError:
         return False
-    return True
 
 
 class HermesParser(ToolParser):
