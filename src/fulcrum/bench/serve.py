@@ -139,12 +139,24 @@ def _warmup_sessions(sessions: list[Session], n: int) -> list[Session]:
     return out
 
 
+def _extra_body(text: str | None) -> dict[str, Any]:
+    """``--extra-body``'s object; a bad one is reported naming the flag (json's own message
+    alone reads as if the server's answer were malformed)."""
+    if not text:
+        return {}
+    try:
+        extra = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--extra-body: not a JSON object: {e}") from None
+    if not isinstance(extra, dict):
+        raise ValueError(f"--extra-body: not a JSON object: {text!r}")
+    return extra
+
+
 async def _bench(args: argparse.Namespace) -> int:
     base = normalise_base_url(args.base_url)
     slos = parse_slos(args.goodput)
-    extra = json.loads(args.extra_body) if args.extra_body else {}
-    if not isinstance(extra, dict):
-        raise ValueError("--extra-body must be a JSON object.")
+    extra = _extra_body(args.extra_body)
     overlays = [read_results(path) for path in args.overlay]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(limits=limits, trust_env=False) as client:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ from fulcrum.config import (
 )
 
 if TYPE_CHECKING:
+    import torch
+
     from fulcrum.quant.base import QuantMethod
 
 
@@ -235,6 +238,14 @@ class EngineArgs:
                 f"{self.piecewise_graph_max_tokens}."
             )
         kernel_config = parse_kernel_config(self.kernel_config)
+        # Checked before the model resolves, so a bad value fails as one line naming the field
+        # instead of in the engine core's start-up.
+        _check_attention_backend(self.attention_backend, device)
+        if device.type == "cpu":  # on CUDA the pool is sized (and checked) against free memory
+            _check_cpu_kv_memory(self.kv_cache_memory, self.tensor_parallel_size)
+        from fulcrum.model.loader.tokenizer import check_tokenizer_path
+
+        check_tokenizer_path(self.tokenizer)
         budget = self.max_num_batched_tokens
         if budget is None:
             budget = default_max_num_batched_tokens(device)
@@ -312,6 +323,38 @@ class EngineArgs:
             draft_model_config=draft_model_config,
             parallel_config=parallel_config,
         )
+
+
+def _check_attention_backend(name: str, device: torch.device) -> None:
+    """An unknown name raises the registry's own ValueError (which lists the backends)."""
+    if name == "auto":  # always resolves; looking it up would import Triton here on CUDA
+        return
+    from fulcrum.attention.selector import get_backend_cls
+
+    try:
+        get_backend_cls(name, device)
+    except ImportError as e:  # a known backend whose package is not installed
+        raise ValueError(f"attention_backend: {name} cannot be imported ({e}).") from None
+
+
+def _physical_ram_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system that reports it
+        return None
+
+
+def _check_cpu_kv_memory(gib: float | None, ranks: int) -> None:
+    """A CPU KV pool larger than the machine's RAM fails at allocation inside the engine core,
+    as a traceback after the model loaded; say so at start-up instead. Each tensor-parallel
+    rank allocates ``gib`` of its own."""
+    ram = _physical_ram_bytes()
+    if gib is None or ram is None or gib * ranks * 2**30 <= ram:
+        return
+    size = f"{gib:g} GiB" if ranks == 1 else f"{gib:g} GiB x {ranks} ranks"
+    raise ValueError(
+        f"kv_cache_memory: {size} is more than this machine's RAM ({ram / 2**30:.1f} GiB)."
+    )
 
 
 _PACKED_METHODS = ("gptq", "awq")

@@ -16,6 +16,16 @@ from fulcrum.router.config import (
 )
 
 
+def _port(value: str) -> int:
+    port = int(value)
+    if not 0 <= port <= 65535:  # the OS would bind the value modulo 65536
+        raise argparse.ArgumentTypeError(f"must be 0 to 65535, got {port}")
+    return port
+
+
+_port.__name__ = "int"  # argparse names the type in "invalid int value"
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "router",
@@ -25,7 +35,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "workers, with retries, circuit breakers and run-time worker changes (/workers).",
     )
     p.add_argument("--host", default="127.0.0.1", help="Address to bind (default: %(default)s).")
-    p.add_argument("--port", type=int, default=8080, help="TCP port (default: %(default)s).")
+    p.add_argument(
+        "--port", type=_port, default=8080, help="TCP port, 0 to 65535 (default: %(default)s)."
+    )
     p.add_argument(
         "--worker",
         action="append",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 from typing import Any
 
@@ -14,6 +15,9 @@ from fulcrum.entrypoints.openai.tool_parsers import PARSERS
 from fulcrum.ray import cli as ray_cli
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+PORT_MAX = 65535
+# A smaller body limit turns away even a short chat request: every POST would get 413.
+MIN_REQUEST_BYTES = 1024
 
 
 def _positive_int(value: str) -> int:
@@ -35,6 +39,23 @@ def _bounded_int(low: int, high: int | None) -> Any:
     return parse
 
 
+def _seconds(value: str) -> float:
+    t = float(value)
+    if not (math.isfinite(t) and t >= 0):  # also NaN, which compares false with everything
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {value}")
+    return t
+
+
+_seconds.__name__ = "float"  # argparse names the type in "invalid float value"
+
+
+def _model_name(value: str) -> str:
+    # An empty id would be what /v1/models lists and what clients must send back.
+    if not value.strip():
+        raise argparse.ArgumentTypeError("a model name must not be empty")
+    return value
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve",
@@ -49,7 +70,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="Address to bind (use 0.0.0.0 to listen on every interface; default: %(default)s).",
     )
     s.add_argument(
-        "--port", type=int, default=8000, help="TCP port to listen on (default: %(default)s)."
+        "--port",
+        type=_bounded_int(0, PORT_MAX),  # the OS would bind the value modulo 65536
+        default=8000,
+        help="TCP port to listen on, 0 to 65535 (default: %(default)s).",
     )
     s.add_argument(
         "--api-key",
@@ -67,6 +91,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument(
         "--served-model-name",
         nargs="+",
+        type=_model_name,
         default=None,
         help="Model name(s) clients use; the first is reported in responses "
         f"(default: the --model argument, or {DEFAULT_MODEL_NAME}).",
@@ -74,7 +99,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     s.add_argument(
         "--chat-template",
         default=None,
-        help="Chat template (a file path or the template text) replacing the model's.",
+        help="Chat template (a file path, or the template text itself) replacing the model's; "
+        "compiled at start-up, so a missing file or a syntax error stops the server there.",
     )
     s.add_argument(
         "--tool-call-parser",
@@ -89,9 +115,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--max-request-bytes",
-        type=_positive_int,
+        type=_bounded_int(MIN_REQUEST_BYTES, None),
         default=8 * 1024 * 1024,
-        help="Largest accepted request body in bytes; larger bodies get 413 (default: %(default)s).",
+        help=f"Largest accepted request body in bytes, at least {MIN_REQUEST_BYTES}; larger "
+        "bodies get 413 (default: %(default)s).",
     )
     s.add_argument(
         "--max-queued-requests",
@@ -130,7 +157,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--shutdown-timeout",
-        type=float,
+        type=_seconds,
         default=30.0,
         help="Seconds in-flight requests may run after SIGTERM before being aborted "
         "(default: %(default)s).",
@@ -167,12 +194,44 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _load_template(value: str | None) -> str | None:
+    """``--chat-template``'s text (read from the file it names, or the value itself), compiled
+    here so that a bad one stops the server at start-up, not every chat request with a 400."""
     if value is None:
         return None
     if os.path.isfile(value):
-        with open(value, encoding="utf-8") as f:
-            return f.read()
-    return value
+        try:
+            with open(value, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--chat-template: cannot read {value!r}: {e}") from None
+    elif "{" in value:  # Jinja text: every useful template has {{ ... }} or {% ... %}
+        text = value
+    elif os.path.isdir(value):
+        raise ValueError(f"--chat-template: {value!r} is a directory, not a template file")
+    else:  # a mistyped path, which would otherwise be rendered as the literal prompt
+        raise ValueError(f"--chat-template: no such file {value!r}")
+    _check_template(text)
+    return text
+
+
+def _check_template(text: str) -> None:
+    # The environment requests are rendered in (chat_template.py), so what compiles here
+    # compiles there.
+    from jinja2 import TemplateError, TemplateSyntaxError
+    from jinja2.exceptions import SecurityError
+
+    from fulcrum.entrypoints.openai.template_sandbox import make_env
+
+    try:
+        make_env().from_string(text)
+    except TemplateSyntaxError as e:  # its str() spans lines (location, source line)
+        raise ValueError(
+            f"--chat-template: does not compile (line {e.lineno}): {e.message}"
+        ) from None
+    except SecurityError as e:
+        raise ValueError(f"--chat-template: rejected by the sandbox: {e}") from None
+    except TemplateError as e:
+        raise ValueError(f"--chat-template: does not compile: {e}") from None
 
 
 def run_serve(args: argparse.Namespace) -> int:
