@@ -9,7 +9,12 @@ grouped GEMM launches alone; ``torch`` the loop of ``model/layers/moe_ref.py`` (
 the host which experts were picked).
 
     PYTHONPATH=src python benchmarks/moe_bench.py [--batch 1 64 256 512] [--model qwen3-30b-a3b]
-        [--fp8] [--launch 16,64,128,4,3 32,64,128,4,3]   (block_m,block_n,block_k,warps,stages)
+        [--fp8 [--act-fp8-rows 0 32]] [--launch 16,64,128,4,3 32,64,128,4,3]
+        (launch: block_m,block_n,block_k,warps,stages)
+
+``--act-fp8-rows``: FP8 experts' ``act_fp8_rows`` values to time (``fused_moe``: from that many
+rows per expert the activations are quantized too, FP8 x FP8; 0 never); ``act_fp8`` in each row
+says which path ran.
 
 Prints a table and a ``RESULT {json}`` line per row.
 """
@@ -78,7 +83,8 @@ def _weights(e, h, inter, fp8: bool):
             s13.view(e, 2 * inter), s2.view(e, h))  # fmt: skip
 
 
-def bench(model: str, batch: int, fp8: bool, launches: list, torch_loop: bool) -> list[dict]:
+def bench(model: str, batch: int, fp8: bool, launches: list, torch_loop: bool,
+          act_rows: list[int]) -> list[dict]:  # fmt: skip
     e, k, h, inter = MODELS[model]
     w13, w2, s13, s2 = _weights(e, h, inter, fp8)
     x = torch.randn(batch, h, device="cuda", dtype=torch.bfloat16)
@@ -92,22 +98,26 @@ def bench(model: str, batch: int, fp8: bool, launches: list, torch_loop: bool) -
     y = torch.empty(batch * k, h, device="cuda", dtype=torch.bfloat16)
     rw = weights.reshape(-1).contiguous()
     rows = []
-    for launch in launches or [None]:
+    for launch, act in [(la, a) for la in launches or [None] for a in act_rows]:
         cfg = launch or fm.default_launch(batch * k, e, True)
+        act_fp8 = fp8 and 0 < act <= batch * k / e
 
-        def full(cfg=cfg):
+        def full(cfg=cfg, act=act):
             w, i = topk_softmax(logits, k, True)
-            return fm.fused_moe(x, w13, w2, w, i, s13, s2, launch=cfg)
+            return fm.fused_moe(x, w13, w2, w, i, s13, s2, launch=cfg, act_fp8_rows=act)
 
         align = moe_align_block_size(ids, e, cfg[0])
+        # the GEMMs alone: their inputs quantized beforehand (h: stand-in values)
+        xa, xs = per_token_quant_fp8_ref(x) if act_fp8 else (x, None)
+        ha, hs = per_token_quant_fp8_ref(torch.randn_like(h_act)) if act_fp8 else (h_act, None)
 
-        def gemms(cfg=cfg, align=align):
-            fm._gemm(x, w13, h_act, s13, None, align, inter, k, True, cfg)
-            fm._gemm(h_act, w2, y, s2, rw, align, h, 1, False, cfg)
+        def gemms(cfg=cfg, align=align, xa=xa, xs=xs, ha=ha, hs=hs):
+            fm._gemm(xa, w13, h_act, s13, None, align, inter, k, True, cfg, xs)
+            fm._gemm(ha, w2, y, s2, rw, align, h, 1, False, cfg, hs)
 
         us, us_gemm = _time_graph(full), _time_graph(gemms)
-        row = dict(model=model, batch=batch, fp8=fp8, launch=list(cfg), active_experts=active,
-                   fused_us=round(us, 1), gemms_us=round(us_gemm, 1),
+        row = dict(model=model, batch=batch, fp8=fp8, act_fp8=act_fp8, launch=list(cfg),
+                   active_experts=active, fused_us=round(us, 1), gemms_us=round(us_gemm, 1),
                    floor_us=round(floor_us, 1), pct_of_floor=round(100 * floor_us / us, 1),
                    weight_gbps=round(wbytes / us / 1e3, 1))  # fmt: skip
         rows.append(row)
@@ -126,13 +136,17 @@ def main() -> None:
     ap.add_argument("--fp8", action="store_true", help="FP8 experts (per-row scales)")
     ap.add_argument("--launch", nargs="*", default=[], help="block_m,block_n,block_k,warps,stages")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch loop")
+    ap.add_argument(
+        "--act-fp8-rows", nargs="+", type=int, default=[0],
+        help="FP8 experts: act_fp8_rows values to time (0: weight-only FP8; default: 0)",
+    )
     args = ap.parse_args()
     launches = [tuple(int(v) for v in s.split(",")) for s in args.launch]
     print(f"{'model':>14} {'batch':>5} {'launch':>20} {'experts':>7} {'fused us':>9} "
           f"{'gemms us':>9} {'floor us':>9} {'%floor':>6} {'GB/s':>7} {'torch us':>9}")  # fmt: skip
     for model in args.model:
         for batch in args.batch:
-            for r in bench(model, batch, args.fp8, launches, not args.no_torch):
+            for r in bench(model, batch, args.fp8, launches, not args.no_torch, args.act_fp8_rows):
                 print(f"{model:>14} {batch:>5} {str(tuple(r['launch'])):>20} "
                       f"{r['active_experts']:>7} {r['fused_us']:>9} {r['gemms_us']:>9} "
                       f"{r['floor_us']:>9} {r['pct_of_floor']:>6} {r['weight_gbps']:>7} "

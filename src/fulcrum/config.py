@@ -465,6 +465,13 @@ class KernelConfig:
         envs.FULCRUM_FUSED_MOE,
         "Mixture-of-experts layers run the fused Triton routing and grouped GEMMs (CUDA).",
     )
+    moe_fp8_act_rows: int = _knob(
+        4,
+        "FP8 experts quantize their activations per row and multiply on FP8 tensor cores from "
+        "this many (token, expert) rows per expert on average; below it (single-stream decode) "
+        "the weights are widened in registers and the activations stay in the model's dtype. "
+        "0: never. The lowest row count measured faster than widening (BENCHMARKS §9.1).",
+    )
     cpu_packed_linear: bool = _knob(
         True,
         "Float32 linear layers on the CPU use a oneDNN-packed copy of their weights for the row "
@@ -472,6 +479,12 @@ class KernelConfig:
         "and with speculative decoding for steps of 2 to 64 rows (verify steps); where it serves "
         "every row count the original weight is dropped, else the weights take twice the memory.",
     )
+
+    def __post_init__(self) -> None:
+        if self.moe_fp8_act_rows < 0:
+            raise ValueError(
+                f"kernel_config.moe_fp8_act_rows must be >= 0, got {self.moe_fp8_act_rows}."
+            )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], prefix: str = "") -> KernelConfig:

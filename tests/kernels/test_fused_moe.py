@@ -86,6 +86,43 @@ def test_fused_moe_fp8_experts_match_the_dequantized_loop() -> None:
     assert (out - full).abs().max() < 0.1 * full.abs().max()
 
 
+def _w8a8_ref(x, q13, q2, weights, ids, s13, s2) -> torch.Tensor:
+    """The per-expert loop with the activations quantized per row as the kernel does: x before
+    gate_up, the gated product (rounded to x's dtype) before down."""
+    out = torch.zeros_like(x)
+    qx, sx = per_token_quant_fp8_ref(x)
+    xd = qx.float() * sx
+    for e in ids.unique().tolist():
+        tok, slot = torch.where(ids == e)
+        a = q13[e].float() * s13[e, :, None]
+        b = q2[e].float() * s2[e, :, None]
+        gate, up = (xd[tok] @ a.T).chunk(2, dim=-1)
+        hq, hs = per_token_quant_fp8_ref((torch.nn.functional.silu(gate) * up).to(x.dtype))
+        y = (hq.float() * hs) @ b.T * weights[tok, slot, None]
+        out.index_add_(0, tok, y.to(x.dtype))
+    return out
+
+
+def test_fused_moe_fp8_activations_match_the_w8a8_loop() -> None:
+    """From ``act_fp8_rows`` rows per expert both operands are e4m3: the kernel equals the loop
+    that quantizes the same rows, and stays close to the weight-only result."""
+    t, h, inter, e, k = 12, 64, 48, 4, 2
+    x, w13, w2, weights, ids = _inputs(t, h, inter, e, k, torch.float32, seed=11)
+    q13, s13 = per_token_quant_fp8_ref(w13.reshape(-1, h))
+    q2, s2 = per_token_quant_fp8_ref(w2.reshape(-1, inter))
+    q13, q2 = q13.view(e, 2 * inter, h), q2.view(e, h, inter)
+    s13, s2 = s13.view(e, 2 * inter), s2.view(e, h)
+    launch = (16, 32, 32, 1, 1)
+    out = fused_moe(x, q13, q2, weights, ids, s13, s2, launch=launch, act_fp8_rows=t * k // e)
+    torch.testing.assert_close(out, _w8a8_ref(x, q13, q2, weights, ids, s13, s2),
+                               atol=1e-4, rtol=1e-4)  # fmt: skip
+    w8a16 = fused_moe(x, q13, q2, weights, ids, s13, s2, launch=launch)
+    assert not torch.equal(out, w8a16)  # the switch took the other path
+    assert (out - w8a16).abs().max() < 0.1 * w8a16.abs().max()
+    below = fused_moe(x, q13, q2, weights, ids, s13, s2, launch=launch, act_fp8_rows=t * k)
+    assert torch.equal(below, w8a16)  # fewer rows per expert than the threshold: weight-only
+
+
 def test_fused_moe_rejects_mismatched_shapes() -> None:
     x, w13, w2, weights, ids = _inputs(2, 32, 16, 4, 2, torch.float32, seed=0)
     with pytest.raises(ValueError, match="w13"):

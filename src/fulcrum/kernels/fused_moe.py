@@ -15,9 +15,12 @@ nothing; tiles past ``num_tokens_post_padded`` return at once, so the grid (size
 ``align_capacity``) never depends on the routing and a CUDA graph can hold it.
 
 FP8 experts: ``w13``/``w2`` in float8 e4m3 with one fp32 scale per output row and expert
-(``[E, 2I]`` / ``[E, H]``); a tile widens its weight block to the activations' dtype in
-registers and scales the accumulator's columns (weight-only: a decode step reads half the
-bytes).
+(``[E, 2I]`` / ``[E, H]``). At a few rows per expert (decode) a tile widens its weight block to
+the activations' dtype in registers and scales the accumulator's columns (weight-only: a step
+reads half the bytes). Widening costs instructions per weight that many rows per tile no longer
+hide, so from ``act_fp8_rows`` rows per expert on average the activations are quantized per row
+to e4m3 as well (as the dense FP8 layers do from a few rows on) and both operands go to FP8
+tensor cores; the epilogue applies the row's and the column's scales.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import triton
 import triton.language as tl
 
 from fulcrum.kernels.moe_routing import moe_align_block_size
+from fulcrum.kernels.quant_fp8 import per_token_quant_fp8, per_token_quant_fp8_ref
 
 
 @triton.jit
@@ -35,6 +39,7 @@ def _moe_gemm_kernel(
     b_ptr,
     c_ptr,
     scale_ptr,
+    a_scale_ptr,
     route_w_ptr,
     sorted_ptr,
     expert_ids_ptr,
@@ -52,6 +57,7 @@ def _moe_gemm_kernel(
     GATED: tl.constexpr,
     ROUTED: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    A_FP8: tl.constexpr,  # A in e4m3 with one scale per row: FP8 x FP8 products
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -83,10 +89,14 @@ def _moe_gemm_kernel(
         a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
         b_mask = k_ok[:, None] & n_ok[None, :]
         b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        acc = tl.dot(a, b.to(a.dtype), acc)
+        if not A_FP8:
+            b = b.to(a.dtype)
+        acc = tl.dot(a, b, acc)
         if GATED:
             b_up = tl.load(b_ptrs + up_off, mask=b_mask, other=0.0)
-            acc_up = tl.dot(a, b_up.to(a.dtype), acc_up)
+            if not A_FP8:
+                b_up = b_up.to(a.dtype)
+            acc_up = tl.dot(a, b_up, acc_up)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if HAS_SCALE:
@@ -94,6 +104,11 @@ def _moe_gemm_kernel(
         acc *= tl.load(s_ptrs, mask=n_ok, other=0.0)[None, :]
         if GATED:
             acc_up *= tl.load(s_ptrs + N, mask=n_ok, other=0.0)[None, :]
+    if A_FP8:
+        a_s = tl.load(a_scale_ptr + pair // A_ROW_DIV, mask=valid, other=0.0)[:, None]
+        acc *= a_s
+        if GATED:
+            acc_up *= a_s
     if GATED:
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     if ROUTED:
@@ -145,18 +160,19 @@ def _check(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale) -> None:
         )
 
 
-def _gemm(a, w, out, scale, route_w, align, n, row_div, gated, launch: MoeLaunch) -> None:
+def _gemm(a, w, out, scale, route_w, align, n, row_div, gated, launch: MoeLaunch,
+          a_scale: torch.Tensor | None = None) -> None:  # fmt: skip
     sorted_ids, expert_ids, num_post_pad = align
     bm, bn, bk, warps, stages = launch
     tiles_m = expert_ids.numel()
     grid = (tiles_m * triton.cdiv(n, bn),)
     _moe_gemm_kernel[grid](
-        a, w, out, scale if scale is not None else w, route_w if route_w is not None else a,
-        sorted_ids, expert_ids, num_post_pad, n, a.shape[1], out.shape[0],
-        tiles_m, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+        a, w, out, scale if scale is not None else w, a_scale if a_scale is not None else w,
+        route_w if route_w is not None else a, sorted_ids, expert_ids, num_post_pad, n,
+        a.shape[1], out.shape[0], tiles_m, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         scale.stride(0) if scale is not None else 0, A_ROW_DIV=row_div, GATED=gated,
-        ROUTED=route_w is not None, HAS_SCALE=scale is not None, BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages,
+        ROUTED=route_w is not None, HAS_SCALE=scale is not None, A_FP8=a_scale is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
 
@@ -169,9 +185,11 @@ def fused_moe(
     w13_scale: torch.Tensor | None = None,  # [E, 2I] fp32: FP8 experts' row scales
     w2_scale: torch.Tensor | None = None,  # [E, H]
     launch: MoeLaunch | None = None,
+    act_fp8_rows: int = 0,
 ) -> torch.Tensor:
     """``sum_slot weight[t, slot] * expert_{id[t, slot]}(x[t])`` for every token: ``[T, H]``
-    in ``x``'s dtype."""
+    in ``x``'s dtype. FP8 experts with at least ``act_fp8_rows`` (token, slot) pairs per expert
+    on average (0: never) take FP8 activations too (``kernels/quant_fp8.py``, per row)."""
     _check(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale)
     t, h = x.shape
     e, two_i, _ = w13.shape
@@ -184,9 +202,15 @@ def fused_moe(
     launch = launch or default_launch(t * k, e, x.is_cuda)
     align = moe_align_block_size(topk_ids, e, launch[0])
     pairs = t * k
+    act_fp8 = w13_scale is not None and 0 < act_fp8_rows <= pairs / e
+    # Triton's interpreter rounds some float-to-e4m3 casts down across a power of two (124.8
+    # to 64): off CUDA, torch quantizes.
+    quant = per_token_quant_fp8 if x.is_cuda else per_token_quant_fp8_ref
+    a, a_scale = quant(x) if act_fp8 else (x, None)
     h_act = torch.empty((pairs, inter), dtype=x.dtype, device=x.device)
-    _gemm(x, w13, h_act, w13_scale, None, align, inter, k, True, launch)
+    _gemm(a, w13, h_act, w13_scale, None, align, inter, k, True, launch, a_scale)
+    h_in, h_scale = quant(h_act) if act_fp8 else (h_act, None)
     y = torch.empty((pairs, h), dtype=x.dtype, device=x.device)
     route_w = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    _gemm(h_act, w2, y, w2_scale, route_w, align, h, 1, False, launch)
+    _gemm(h_in, w2, y, w2_scale, route_w, align, h, 1, False, launch, h_scale)
     return y if k == 1 else y.view(t, k, h).sum(dim=1)

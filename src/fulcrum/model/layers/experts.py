@@ -108,7 +108,7 @@ class Experts(Configured, nn.Module):
         if routed_fast(x, self.kernel_config):
             from fulcrum.kernels.fused_moe import fused_moe
 
-            return fused_moe(*args)
+            return fused_moe(*args, act_fp8_rows=self.kernel_config.moe_fp8_act_rows)
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return _every_expert(*args)
         return fused_moe_ref(*args)
