@@ -71,13 +71,19 @@ def test_fused_moe_matches_per_expert_loop(t, h, inter, e, k, launch) -> None:
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
+def _fp8_experts(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The experts in e4m3 with one scale per row: ``q13, q2, s13, s2``."""
+    e, two_i, h = w13.shape
+    q13, s13 = per_token_quant_fp8_ref(w13.reshape(-1, h))
+    q2, s2 = per_token_quant_fp8_ref(w2.reshape(-1, two_i // 2))
+    return (q13.view(e, two_i, h), q2.view(e, h, two_i // 2), s13.view(e, two_i),
+            s2.view(e, h))  # fmt: skip
+
+
 def test_fused_moe_fp8_experts_match_the_dequantized_loop() -> None:
     t, h, inter, e, k = 6, 64, 32, 4, 2
     x, w13, w2, weights, ids = _inputs(t, h, inter, e, k, torch.float32, seed=7)
-    q13, s13 = per_token_quant_fp8_ref(w13.reshape(-1, h))
-    q2, s2 = per_token_quant_fp8_ref(w2.reshape(-1, inter))
-    q13, q2 = q13.view(e, 2 * inter, h), q2.view(e, h, inter)
-    s13, s2 = s13.view(e, 2 * inter), s2.view(e, h)
+    q13, q2, s13, s2 = _fp8_experts(w13, w2)
     out = fused_moe(x, q13, q2, weights, ids, s13, s2)
     ref = fused_moe_ref(x, q13, q2, weights, ids, s13, s2)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
@@ -108,10 +114,7 @@ def test_fused_moe_fp8_activations_match_the_w8a8_loop() -> None:
     that quantizes the same rows, and stays close to the weight-only result."""
     t, h, inter, e, k = 12, 64, 48, 4, 2
     x, w13, w2, weights, ids = _inputs(t, h, inter, e, k, torch.float32, seed=11)
-    q13, s13 = per_token_quant_fp8_ref(w13.reshape(-1, h))
-    q2, s2 = per_token_quant_fp8_ref(w2.reshape(-1, inter))
-    q13, q2 = q13.view(e, 2 * inter, h), q2.view(e, h, inter)
-    s13, s2 = s13.view(e, 2 * inter), s2.view(e, h)
+    q13, q2, s13, s2 = _fp8_experts(w13, w2)
     launch = (16, 32, 32, 1, 1)
     out = fused_moe(x, q13, q2, weights, ids, s13, s2, launch=launch, act_fp8_rows=t * k // e)
     torch.testing.assert_close(out, _w8a8_ref(x, q13, q2, weights, ids, s13, s2),
