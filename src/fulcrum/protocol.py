@@ -22,7 +22,7 @@ from fulcrum.sampling_params import SamplingParams
 # the token-id sets travel as lists.
 CORE_FIELDS = (
     "n temperature top_p top_k min_p presence_penalty frequency_penalty repetition_penalty seed "
-    "max_tokens min_tokens stop_token_ids ignore_eos logprobs all_stop_token_ids "
+    "max_tokens min_tokens stop_token_ids ignore_eos logprobs prompt_logprobs all_stop_token_ids "
     "structured_outputs"
 ).split()
 _WIRE_TYPES: dict[str, tuple[Any, Any]] = {
@@ -95,6 +95,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     stop_reason: int | None = None  # the stop token id, when one ended it
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     first_scheduled_time: float | None = None  # wall time of first admission (first output only)
+    # prompt token 1, 2, ...'s logprobs (``prompt_logprobs``; first output only)
+    prompt_logprobs: list[Logprobs] | None = None
 
 
 class SchedulerStats(msgspec.Struct, omit_defaults=True):

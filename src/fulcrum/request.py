@@ -73,6 +73,9 @@ class Request:
         self.stop_reason: int | None = None
         self.num_runner_blocks = 0  # leading blocks of its table the runner has been sent
         self.spec_token_ids: list[int] = []  # guesses verified by the step in flight
+        # prompt tokens 1, 2, ...'s logprobs as the steps computing them are collected (sent
+        # with the first output, then dropped)
+        self.prompt_logprobs: list[Any] | None = [] if params.prompt_logprobs is not None else None
         # Sampling needs no host-side history (penalties, min_tokens), so the next step can be
         # scheduled before this one's token is known.
         self.overlap_safe = (

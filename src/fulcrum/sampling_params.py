@@ -61,7 +61,9 @@ class SamplingParams:
     """How to turn logits into tokens for one request.
 
     ``temperature == 0`` is greedy. ``top_k <= 0`` (or -1) disables top-k. ``logprobs=k`` returns
-    the sampled token's log-probability plus the ``k`` most likely alternatives (0 ≤ k ≤ 20).
+    the sampled token's log-probability plus the ``k`` most likely alternatives (0 ≤ k ≤ 20);
+    ``prompt_logprobs=k`` the same for every prompt token after the first (scoring a text, as
+    evaluation harnesses do: such a request computes its whole prompt, no prefix-cache hits).
     Stop strings are excluded from the returned text unless ``include_stop_str_in_output``.
     """
 
@@ -80,6 +82,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None
@@ -130,6 +133,10 @@ class SamplingParams:
             raise bad("min_tokens", f"must not exceed max_tokens={self.max_tokens}, got {self.min_tokens}.")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise bad("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}.")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise bad(
+                "prompt_logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}."
+            )
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", f"must be an integer, got {self.seed!r}.")
         if any(not isinstance(s, str) or s == "" for s in self.stop):

@@ -290,3 +290,32 @@ def test_fp8_close_to_transformers_tiny(tiny_llama: str, kind: str, extra: dict)
     assert runner.graphs.num_replays > 0 and runner.piecewise.num_replays > 0
     for i in range(len(prompts)):
         assert_first_divergence_in_top(got[i], got_top[i], ref[i], ref_top[i], f"prompt {i}")
+
+
+def test_prompt_logprobs_through_piecewise_graphs(tiny_llama: str) -> None:
+    """Prompt logprobs read from the piecewise graphs' hidden states, over several chunks
+    (300-token prompts at a 256-token budget), equal those of eager steps (float32), and score
+    the greedy continuation as generation did."""
+    g = torch.Generator().manual_seed(5)
+    ids = [torch.randint(5, 320, (300,), generator=g).tolist() for _ in range(2)]
+    sp = SamplingParams(temperature=0, max_tokens=8, logprobs=2, ignore_eos=True)
+    eager = _engine(tiny_llama, "float32", eager=True, async_scheduling="off")
+    gen = eager.generate(ids, sp, use_tqdm=False)
+    texts = [p + g.outputs[0].token_ids for p, g in zip(ids, gen, strict=True)]
+    score = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2)
+    ref = eager.generate(texts, score, use_tqdm=False)
+    del eager
+    gc.collect()
+    llm = _engine(tiny_llama, "float32", eager=False, piecewise=256)
+    got = llm.generate(texts, score, use_tqdm=False)
+    assert llm.core.runner.piecewise.num_replays > 0
+    for t, g, r, out in zip(texts, got, ref, gen, strict=True):
+        a, b = g.prompt_logprobs, r.prompt_logprobs
+        assert len(a) == len(b) == len(t) and a[0] is None
+        for ea, eb, tok in zip(a[1:], b[1:], t[1:], strict=True):
+            assert ea[tok].logprob == pytest.approx(eb[tok].logprob, abs=1e-3)
+        n = len(t) - len(out.outputs[0].token_ids)
+        for i, tok in enumerate(out.outputs[0].token_ids):
+            assert a[n + i][tok].rank == 1
+            assert a[n + i][tok].logprob == pytest.approx(out.outputs[0].logprobs[i][tok].logprob,
+                                                          abs=1e-3)  # fmt: skip

@@ -90,3 +90,56 @@ def test_request_metrics_are_ordered(llm):
     m = out.metrics
     assert m.first_scheduled_time is not None and m.first_token_time is not None
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time
+
+
+def _scored(llm, ids: list[int], k: int):
+    sp = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=k)
+    return llm.generate({"prompt_token_ids": ids}, sp, use_tqdm=False)[0].prompt_logprobs
+
+
+def test_prompt_logprobs_score_what_generation_sampled(llm):
+    """Scoring a text (``prompt_logprobs``, what evaluation harnesses ask) gives each token the
+    logprob, rank and alternatives it had when the model generated it; the first prompt token
+    has none. Scored again, the prompt is in the prefix cache, and is computed anyway."""
+    gen = llm.generate(PROMPTS[2], SamplingParams(temperature=0, max_tokens=12, logprobs=3),
+                       use_tqdm=False)[0]  # fmt: skip
+    c, n = gen.outputs[0], len(gen.prompt_token_ids)
+    ids = gen.prompt_token_ids + c.token_ids
+    plp = _scored(llm, ids, 3)
+    assert len(plp) == len(ids) and plp[0] is None and all(e is not None for e in plp[1:])
+    for i, tok in enumerate(c.token_ids):
+        got, want = plp[n + i], c.logprobs[i]
+        assert got[tok].rank == want[tok].rank == 1
+        assert got[tok].logprob == pytest.approx(want[tok].logprob, abs=1e-4)
+        assert set(got) == set(want)
+    for entry, tok in zip(plp[1:], ids[1:], strict=True):
+        assert tok in entry and entry[tok].logprob <= 0.0 and len(entry) in (3, 4)
+    again = _scored(llm, ids, 0)
+    assert [e[t].logprob for e, t in zip(again[1:], ids[1:], strict=True)] == pytest.approx(
+        [e[t].logprob for e, t in zip(plp[1:], ids[1:], strict=True)], abs=1e-5)
+    assert all(len(e) == 1 for e in again[1:])  # k = 0: the prompt token alone
+
+
+def test_prompt_logprobs_across_prefill_chunks():
+    """A prompt prefilled over several steps (a 16-token budget) scores as in one step."""
+    small = LLM(device="cpu", dtype="float32", kv_cache_memory=0.25, max_num_batched_tokens=16)
+    ids = small.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=30),
+                         use_tqdm=False)[0]  # fmt: skip
+    ids = ids.prompt_token_ids + ids.outputs[0].token_ids
+    chunked = _scored(small, ids, 2)
+    whole = LLM(device="cpu", dtype="float32", kv_cache_memory=0.25)
+    ref = _scored(whole, ids, 2)
+    assert len(chunked) == len(ref) == len(ids)
+    for a, b, tok in zip(chunked[1:], ref[1:], ids[1:], strict=True):
+        assert a[tok].rank == b[tok].rank and set(a) == set(b)
+        assert a[tok].logprob == pytest.approx(b[tok].logprob, abs=1e-4)
+
+
+def test_prompt_logprobs_with_n(llm):
+    """n sequences of one scored prompt: the request carries the prompt's logprobs once."""
+    ids = llm.get_tokenizer()(PROMPTS[1])["input_ids"]
+    sp = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=3, prompt_logprobs=1)
+    out = llm.generate({"prompt_token_ids": ids}, sp, use_tqdm=False)[0]
+    assert len(out.outputs) == 2
+    assert len(out.prompt_logprobs) == len(ids) and out.prompt_logprobs[0] is None
+    assert all(tok in e for e, tok in zip(out.prompt_logprobs[1:], ids[1:], strict=True))

@@ -122,6 +122,33 @@ def test_echo_and_token_prompts(client: Any, tokenizer: Any) -> None:
     assert sorted(c.index for c in r2.choices) == [0, 1]
 
 
+def test_echo_logprobs_score_the_prompt(client: Any, tokenizer: Any) -> None:
+    """What evaluation harnesses send to score a text (echo, logprobs, one token out): every
+    prompt token after the first gets its logprob and top alternatives, streamed or not, and
+    the continuation's greedy tokens score as they were generated."""
+    text = "The capital of France is Paris. The capital of Italy is"
+    n = len(tokenizer(text)["input_ids"])
+    r = client.completions.create(model=MODEL, prompt=text, max_tokens=1, temperature=0,
+                                  echo=True, logprobs=1)  # fmt: skip
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == n + 1 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+    assert all(1 <= len(d) <= 2 for d in lp.top_logprobs[1:])
+    assert "".join(lp.tokens) == r.choices[0].text
+    greedy = client.completions.create(model=MODEL, prompt=text, max_tokens=4, temperature=0,
+                                       logprobs=1)  # fmt: skip
+    g = greedy.choices[0].logprobs
+    scored = client.completions.create(model=MODEL, prompt=text + greedy.choices[0].text,
+                                       max_tokens=1, temperature=0, echo=True, logprobs=1)  # fmt: skip
+    s = scored.choices[0].logprobs
+    assert s.token_logprobs[n : n + 4] == pytest.approx(g.token_logprobs, abs=1e-3)
+    stream = client.completions.create(model=MODEL, prompt=text, max_tokens=1, temperature=0,
+                                       echo=True, logprobs=1, stream=True)  # fmt: skip
+    streamed = [v for ch in stream for v in (ch.choices[0].logprobs.token_logprobs
+                                              if ch.choices and ch.choices[0].logprobs else [])]  # fmt: skip
+    assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
+
+
 def test_usage_against_tokenizer(server: Server, client: Any, tokenizer: Any) -> None:
     prompt = "Write a haiku about the sea."
     r = client.completions.create(

@@ -178,6 +178,8 @@ class EngineCore:
     def _collect(self, inflight: tuple[SchedulerOutput, StepHandle]) -> list[EngineCoreOutput]:
         sched_out, handle = inflight
         sampled, logprobs = self.runner.collect(handle)
+        if handle.prompt_logprobs:
+            self.scheduler.add_prompt_logprobs(handle.prompt_logprobs)
         return self.scheduler.update(sched_out, sampled, logprobs, handle.num_tokens)
 
     def get_stats(self) -> SchedulerStats:

@@ -50,6 +50,8 @@ class _ReqState:
     seqs: list[_Seq]
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, TokenLogprob] | None] | None = None
+    prompt_logprobs_sent: bool = False
 
     @property
     def finished(self) -> bool:
@@ -112,6 +114,8 @@ class OutputProcessor:
             if seq.finish_reason is not None:
                 continue  # already ended by a stop string; the core's abort echo is ignored
             st.num_cached_tokens = max(st.num_cached_tokens, o.num_cached_tokens)
+            if o.prompt_logprobs is not None and st.prompt_logprobs is None:
+                st.prompt_logprobs = self._prompt_entries(seq, st.prompt_token_ids, o)
             if o.first_scheduled_time is not None and st.metrics.first_scheduled_time is None:
                 st.metrics.first_scheduled_time = o.first_scheduled_time
             if o.new_token_ids:
@@ -162,6 +166,19 @@ class OutputProcessor:
                 entry[t] = TokenLogprob(t, v, rank, text(t))
         return entry
 
+    def _prompt_entries(
+        self, seq: _Seq, prompt: list[int], o: EngineCoreOutput
+    ) -> list[dict[int, TokenLogprob] | None]:
+        assert o.prompt_logprobs is not None
+        lps = zip(prompt[1:], o.prompt_logprobs, strict=False)
+        return [None, *(self._logprob_entry(seq, tok, lp) for tok, lp in lps)]
+
+    def _take_prompt_logprobs(self, st: _ReqState) -> list[dict[int, TokenLogprob] | None] | None:
+        if st.prompt_logprobs_sent:
+            return None
+        st.prompt_logprobs_sent = st.prompt_logprobs is not None
+        return st.prompt_logprobs
+
     def _text(self, seq: _Seq) -> str:
         return seq.detok.output_text if seq.detok is not None else ""
 
@@ -196,6 +213,7 @@ class OutputProcessor:
             st.finished,
             st.num_cached_tokens,
             st.metrics,
+            prompt_logprobs=self._take_prompt_logprobs(st),
         )
 
     def _final_output(self, st: _ReqState) -> RequestOutput:
@@ -219,6 +237,7 @@ class OutputProcessor:
             True,
             st.num_cached_tokens,
             st.metrics,
+            prompt_logprobs=st.prompt_logprobs,
         )
 
 
@@ -246,6 +265,7 @@ def _one_token_each(outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
                     stop_reason=o.stop_reason if last else None,
                     num_cached_tokens=o.num_cached_tokens,
                     first_scheduled_time=o.first_scheduled_time if i == 0 else None,
+                    prompt_logprobs=o.prompt_logprobs if i == 0 else None,
                 )
             )
     return split

@@ -52,3 +52,6 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     extra: dict = field(default_factory=dict)
+    # ``prompt_logprobs``: one entry per prompt token (None for the first, which nothing
+    # predicts), in ``logprobs``' shape; on the first output that carries it.
+    prompt_logprobs: list[dict[int, TokenLogprob] | None] | None = None

@@ -330,7 +330,10 @@ class Scheduler:
                 continue
             if not self._grammar_ready(req):  # compiling off the loop: others go ahead
                 continue
-            blocks, node = self.kv.match_prefix(req.all_token_ids, req.cache_salt)
+            if req.params.prompt_logprobs is None:
+                blocks, node = self.kv.match_prefix(req.all_token_ids, req.cache_salt)
+            else:  # every prompt position computed here: its logprobs come from the forward
+                blocks, node = [], None
             if self.kv.tree is None and parent is not None and self.kv.has(parent.key):
                 blocks = self.kv.shareable_prefix(parent.key, (req.num_prompt_tokens - 1) // bs)
             m = len(blocks)
@@ -406,14 +409,20 @@ class Scheduler:
                 if finish is not None:
                     break
             kept = [lp for lp in lps[: len(new)] if lp is not None]
+            prompt_lps = req.prompt_logprobs if first else None
+            if prompt_lps is not None and len(prompt_lps) != req.num_prompt_tokens - 1:
+                prompt_lps = None  # an n > 1 sibling that shared the prompt's blocks
             results.append(
                 EngineCoreOutput(
                     req.request_id, req.index, new, kept if kept else None,
                     finish_reason=finish, stop_reason=req.stop_reason,
                     num_cached_tokens=max(req.num_cached_tokens, 0),
                     first_scheduled_time=req.first_scheduled_time if first else None,
+                    prompt_logprobs=prompt_lps,
                 )
             )
+            if first:
+                req.prompt_logprobs = None
             if finish is not None:
                 self._finish(req)
             elif drafts and req.status == RequestStatus.RUNNING:
@@ -449,6 +458,17 @@ class Scheduler:
             if not ok:
                 logger.warning("request %s: token %d rejected by its grammar", req.key, tok)
         return {id(r) for r in keys}
+
+    def add_prompt_logprobs(self, found: list[tuple[str, int, list[Logprobs]]]) -> None:
+        """Merge a step's prompt logprobs (``worker/prompt_logprobs.py``) into their requests:
+        each entry starts at a prompt position; a chunk computed again after a preemption adds
+        only what is not there yet."""
+        for key, start, lps in found:
+            rid, _, index = key.rpartition("#")
+            for req in self.requests.get(rid, []):
+                have = req.prompt_logprobs
+                if req.index == int(index) and have is not None and start <= len(have):
+                    have.extend(lps[len(have) - start :])
 
     def take_aborted(self) -> list[EngineCoreOutput]:
         """One ``abort`` output per sequence aborted since the last call."""

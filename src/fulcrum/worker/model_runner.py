@@ -52,6 +52,7 @@ from fulcrum.worker.draft_verify import DraftGuesses, verify_step
 from fulcrum.worker.host_staging import HostStaging
 from fulcrum.worker.input_batch import InputBuilder, ReqState
 from fulcrum.worker.piecewise_graph import PiecewiseGraphs
+from fulcrum.worker.prompt_logprobs import chunk_prompt_logprobs
 from fulcrum.worker.step_sampling import StepHandle, StepSampler
 
 
@@ -95,6 +96,7 @@ class ModelRunner:
         self._prev_sampled: torch.Tensor | None = None
         self._graph_ids: torch.Tensor | None = None  # greedy ids of the last graph replay
         self._prev_rows: dict[str, int] = {}
+        self._prompt_lps: list | None = None  # the general step's prompt logprobs, if any
         self.num_graph_verify_steps = 0  # verify steps replayed in a decode graph
         self.timings: dict[str, float] = {"weights_s": self.load_time}
         # bytes each kind of CUDA graph added to the reserved memory at capture (after the KV
@@ -190,11 +192,14 @@ class ModelRunner:
             handle = self._verify_in_decode_graph(out, states, starts, before_sample)
             if handle is not None:
                 return handle
+        self._prompt_lps = None
         logits, rows, ends, drafts = self._general_step(out, states, starts, guesses)
         if before_sample is not None:
             before_sample()
         if drafts is None:
-            return self._sample(logits, [states[i] for i in rows], ends, None, out.grammar_bitmask)
+            handle = self._sample(logits, [states[i] for i in rows], ends, None, out.grammar_bitmask)
+            handle.prompt_logprobs = self._prompt_lps
+            return handle
         rows_states = [states[i] for i, d in zip(rows, drafts, strict=True) for _ in range(len(d) + 1)]
         positions = _verify_rows(ends, drafts)
         mask = _verify_mask(out.grammar_bitmask, drafts)
@@ -208,6 +213,7 @@ class ModelRunner:
             )
             self._prev_rows = {st.req_id: i for i, st in enumerate(rows_states)}
         handle.drafts = drafts
+        handle.prompt_logprobs = self._prompt_lps
         return handle
 
     def _verify_in_decode_graph(
@@ -368,6 +374,10 @@ class ModelRunner:
             hidden = pw.run(bucket, attend)
         else:
             hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
+        if any(st.params.prompt_logprobs is not None for st in states):
+            self._prompt_lps = chunk_prompt_logprobs(
+                self.model.compute_logits, hidden, qsl, states, starts
+            )
         ends = gb.seq_lens[rows]
         if last is None:
             return None, rows, ends, drafts

@@ -39,6 +39,8 @@ class StepHandle:
     drafts: list[list[int]] | None = None
     num_tokens: list[int] | None = None  # set by collect: tokens kept per request
     counts: torch.Tensor | None = None  # a draft model's verify step: tokens emitted per request
+    # ``prompt_logprobs.chunk_prompt_logprobs`` of the step's prefill chunks, computed at launch
+    prompt_logprobs: list | None = None
 
 
 class StepSampler:

@@ -260,6 +260,7 @@ class OpenAIServing:
         max_tokens: int,
         logprobs: int | None,
         structured: StructuredOutputsParams | None = None,
+        prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         top_k = req.top_k
         if top_k > self.engine.vocab_size:
@@ -281,6 +282,7 @@ class OpenAIServing:
                 stop_token_ids=list(req.stop_token_ids or []),
                 ignore_eos=req.ignore_eos,
                 logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
                 skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 structured_outputs=structured,

@@ -10,7 +10,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from fulcrum.engine.outputs import CompletionOutput, RequestOutput
+from fulcrum.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from fulcrum.entrypoints.openai.errors import bad_request
 from fulcrum.entrypoints.openai.limits import MAX_PROMPTS_PER_REQUEST
 from fulcrum.entrypoints.openai.protocol import CompletionRequest
@@ -35,6 +35,7 @@ class _Prompt:
     num_output: int = 0
     final: RequestOutput | None = None
     finish_reason: str | None = None
+    prompt_logprobs: list[dict[int, TokenLogprob] | None] | None = None  # echo + logprobs
 
 
 class ServingCompletions(OpenAIServing):
@@ -93,7 +94,11 @@ class ServingCompletions(OpenAIServing):
         resolved = [
             self.resolve_max_tokens(len(ids), req.max_tokens, 16, "prompt") for _, ids in prompts
         ]
-        params = [self.sampling_params(req, m, req.logprobs, structured) for m in resolved]
+        # echo + logprobs scores the prompt too (evaluation harnesses read its tokens' logprobs)
+        prompt_lp = req.logprobs if req.echo else None
+        params = [
+            self.sampling_params(req, m, req.logprobs, structured, prompt_lp) for m in resolved
+        ]
         n = max(req.n, req.best_of or 1)
         self.check_admission(len(prompts) * n, "prompt" if n == 1 else "n")
         base = self.new_request_id("cmpl")
@@ -161,8 +166,9 @@ class _CompletionCtx(ResponseContext):
         if self.req.logprobs is None:
             return None
         return completion_logprobs(
-            c.token_ids, c.logprobs, self.top_n, self.s.tokenizer, offset, p.ids if echo else None
-        )
+            c.token_ids, c.logprobs, self.top_n, self.s.tokenizer, offset,
+            p.ids if echo else None, p.prompt_logprobs if echo else None,
+        )  # fmt: skip
 
     def _usage(self) -> dict[str, Any]:
         cached = sum(p.final.num_cached_tokens for p in self.prompts if p.final is not None)
@@ -180,6 +186,8 @@ class _CompletionCtx(ResponseContext):
             p = self.prompts[pi]
             if ro.finished:
                 p.final = ro
+            if ro.prompt_logprobs is not None:  # on the request's first output only
+                p.prompt_logprobs = ro.prompt_logprobs
             choices = []
             for c in ro.outputs:
                 index = pi * n + c.index
@@ -221,6 +229,7 @@ class _CompletionCtx(ResponseContext):
         choices = []
         for pi, p in enumerate(self.prompts):
             assert p.final is not None
+            p.prompt_logprobs = p.final.prompt_logprobs
             for c in sorted(p.final.outputs, key=lambda c: c.index):
                 reason = openai_finish_reason(c.finish_reason) or "stop"
                 p.finish_reason = p.finish_reason or reason

@@ -80,9 +80,11 @@ def completion_logprobs(
     tokenizer: Any,
     text_offset: int,
     prompt_token_ids: list[int] | None = None,
+    prompt_logprobs: list[dict[int, TokenLogprob] | None] | None = None,
 ) -> dict[str, Any]:
     """Legacy format: tokens, token_logprobs, top_logprobs (top_n plus the sampled token),
-    text_offset. Echoed prompt tokens come first with null logprobs. A token's offset counts
+    text_offset. Echoed prompt tokens come first: null logprobs for the first, and for every
+    one where ``prompt_logprobs`` (one entry per prompt token) is not given. A token's offset counts
     the characters its predecessors' bytes complete: the pieces of one multi-byte character
     each decode to U+FFFD alone, but are one character of the text."""
     tokens: list[str] = []
@@ -91,25 +93,25 @@ def completion_logprobs(
     offsets: list[int] = []
     offset = text_offset
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    for tid in prompt_token_ids or []:
+    for i, tid in enumerate(prompt_token_ids or []):
         text = str(tokenizer.decode([tid], skip_special_tokens=False))
+        entries = prompt_logprobs[i] if prompt_logprobs and i < len(prompt_logprobs) else None
         tokens.append(text)
-        token_logprobs.append(None)
-        top_logprobs.append(None)
+        if entries is None or tid not in entries:
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+        else:
+            token_logprobs.append(_lp(entries[tid].logprob))
+            top_logprobs.append(_legacy_top(entries, top_n, tid, text, tokenizer))
         offsets.append(offset)
         offset += len(utf8.decode(token_bytes(tokenizer, tid, text)))
     for i, tid in enumerate(token_ids):
         entries = logprobs[i] if logprobs is not None and i < len(logprobs) else {}
         sampled = entries.get(tid)
         text = _token_text(sampled, tid, tokenizer)
-        tops: dict[str, float] = {}
-        for alt_id, alt in _top(entries, top_n):
-            tops[_token_text(alt, alt_id, tokenizer)] = _lp(alt.logprob)
-        if sampled is not None:
-            tops.setdefault(text, _lp(sampled.logprob))
         tokens.append(text)
         token_logprobs.append(_lp(sampled.logprob) if sampled is not None else MIN_LOGPROB)
-        top_logprobs.append(tops)
+        top_logprobs.append(_legacy_top(entries, top_n, tid, text, tokenizer))
         offsets.append(offset)
         offset += len(utf8.decode(token_bytes(tokenizer, tid, text)))
     return {
@@ -118,3 +120,17 @@ def completion_logprobs(
         "top_logprobs": top_logprobs,
         "text_offset": offsets,
     }
+
+
+def _legacy_top(
+    entries: dict[int, TokenLogprob], top_n: int, tid: int, text: str, tokenizer: Any
+) -> dict[str, float]:
+    """The legacy format's top logprobs: the ``top_n`` most likely tokens by text, plus the
+    token itself."""
+    tops: dict[str, float] = {}
+    for alt_id, alt in _top(entries, top_n):
+        tops[_token_text(alt, alt_id, tokenizer)] = _lp(alt.logprob)
+    if tid in entries:
+        tops.setdefault(text, _lp(entries[tid].logprob))
+    return tops
+
