@@ -147,6 +147,12 @@ def test_echo_logprobs_score_the_prompt(client: Any, tokenizer: Any) -> None:
     streamed = [v for ch in stream for v in (ch.choices[0].logprobs.token_logprobs
                                               if ch.choices and ch.choices[0].logprobs else [])]  # fmt: skip
     assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
+    only = client.completions.create(model=MODEL, prompt=text, max_tokens=0, echo=True,
+                                     logprobs=1)  # fmt: skip
+    c = only.choices[0]
+    assert c.text == text and only.usage.completion_tokens == 0
+    assert len(c.logprobs.tokens) == n and c.logprobs.token_logprobs[0] is None
+    assert c.logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:n], abs=1e-5)
 
 
 def test_usage_against_tokenizer(server: Server, client: Any, tokenizer: Any) -> None:

@@ -84,6 +84,8 @@ BAD_COMPLETION = [
     ({"prompt": [True, 2]}, "prompt[0]"),
     ({"max_tokens": True}, "max_tokens"),
     ({"echo": 1}, "echo"),
+    ({"max_tokens": 0}, "max_tokens"),  # only with echo (scoring the prompt)
+    ({"max_tokens": -1, "echo": True}, "max_tokens"),
     ({"logprobs": 1.0}, "logprobs"),
     ({"prompt": [10**7]}, "prompt"),
     ({"prompt": 5}, ""),

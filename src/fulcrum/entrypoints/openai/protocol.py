@@ -173,7 +173,9 @@ class CompletionRequest(SamplingRequest):
     prompt: CompletionPrompt
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(
+        16, ge=0, description="0 only with echo: the prompt scored, nothing generated."
+    )
     best_of: int | None = Field(None, ge=1, le=MAX_N, description="Must equal n when given.")
     suffix: str | None = Field(
         None, description="Not supported; must be empty.", json_schema_extra=_UNSUPPORTED_STR

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
@@ -90,9 +90,14 @@ class ServingCompletions(OpenAIServing):
         structured = structured_params(req)
         if structured is not None:
             self.need_tokenizer("structured_outputs (grammars are over text)", "structured_outputs")
+        if req.max_tokens == 0 and not req.echo:
+            raise bad_request("max_tokens: 0 is only valid with echo (scoring the prompt).",
+                              "max_tokens")  # fmt: skip
         prompts = self.split_prompts(req)
+        # max_tokens 0 with echo: one token is computed (the engine always samples) and dropped
+        wanted = 1 if req.max_tokens == 0 else req.max_tokens
         resolved = [
-            self.resolve_max_tokens(len(ids), req.max_tokens, 16, "prompt") for _, ids in prompts
+            self.resolve_max_tokens(len(ids), wanted, 16, "prompt") for _, ids in prompts
         ]
         # echo + logprobs scores the prompt too (evaluation harnesses read its tokens' logprobs)
         prompt_lp = req.logprobs if req.echo else None
@@ -162,6 +167,14 @@ class _CompletionCtx(ResponseContext):
             return p.text
         return str(self.s.tokenizer.decode(p.ids))
 
+    def _shown(self, c: CompletionOutput) -> CompletionOutput:
+        """The choice as the client asked for it: with max_tokens 0 (echo only) the token the
+        engine computed is not part of it."""
+        if self.req.max_tokens != 0:
+            return c
+        lps = [] if c.logprobs is not None else None
+        return replace(c, text="", token_ids=[], logprobs=lps, cumulative_logprob=None)
+
     def _logprobs(self, p: _Prompt, c: CompletionOutput, offset: int, echo: bool) -> Any:
         if self.req.logprobs is None:
             return None
@@ -189,7 +202,7 @@ class _CompletionCtx(ResponseContext):
             if ro.prompt_logprobs is not None:  # on the request's first output only
                 p.prompt_logprobs = ro.prompt_logprobs
             choices = []
-            for c in ro.outputs:
+            for c in map(self._shown, ro.outputs):
                 index = pi * n + c.index
                 if index in finished:
                     continue
@@ -230,7 +243,7 @@ class _CompletionCtx(ResponseContext):
         for pi, p in enumerate(self.prompts):
             assert p.final is not None
             p.prompt_logprobs = p.final.prompt_logprobs
-            for c in sorted(p.final.outputs, key=lambda c: c.index):
+            for c in sorted(map(self._shown, p.final.outputs), key=lambda c: c.index):
                 reason = openai_finish_reason(c.finish_reason) or "stop"
                 p.finish_reason = p.finish_reason or reason
                 p.num_output += len(c.token_ids)
