@@ -96,7 +96,6 @@ class ModelRunner:
         self._prev_sampled: torch.Tensor | None = None
         self._graph_ids: torch.Tensor | None = None  # greedy ids of the last graph replay
         self._prev_rows: dict[str, int] = {}
-        self._prompt_lps: list | None = None  # the general step's prompt logprobs, if any
         self.num_graph_verify_steps = 0  # verify steps replayed in a decode graph
         self.timings: dict[str, float] = {"weights_s": self.load_time}
         # bytes each kind of CUDA graph added to the reserved memory at capture (after the KV
@@ -192,13 +191,12 @@ class ModelRunner:
             handle = self._verify_in_decode_graph(out, states, starts, before_sample)
             if handle is not None:
                 return handle
-        self._prompt_lps = None
-        logits, rows, ends, drafts = self._general_step(out, states, starts, guesses)
+        logits, rows, ends, drafts, prompt_lps = self._general_step(out, states, starts, guesses)
         if before_sample is not None:
             before_sample()
         if drafts is None:
             handle = self._sample(logits, [states[i] for i in rows], ends, None, out.grammar_bitmask)
-            handle.prompt_logprobs = self._prompt_lps
+            handle.prompt_logprobs = prompt_lps
             return handle
         rows_states = [states[i] for i, d in zip(rows, drafts, strict=True) for _ in range(len(d) + 1)]
         positions = _verify_rows(ends, drafts)
@@ -213,7 +211,7 @@ class ModelRunner:
             )
             self._prev_rows = {st.req_id: i for i, st in enumerate(rows_states)}
         handle.drafts = drafts
-        handle.prompt_logprobs = self._prompt_lps
+        handle.prompt_logprobs = prompt_lps
         return handle
 
     def _verify_in_decode_graph(
@@ -329,10 +327,11 @@ class ModelRunner:
         states: list[ReqState],
         starts: list[int],
         guesses: DraftGuesses | None = None,
-    ) -> tuple[torch.Tensor | None, list[int], np.ndarray, list[list[int]] | None]:
+    ) -> tuple[torch.Tensor | None, list[int], np.ndarray, list[list[int]] | None, list | None]:
         """Prefill chunks and mixed batches; returns logits of the rows to sample, those rows,
-        their sampled tokens' positions and, in a verify step, each row's guesses. Eager, or through the piecewise graphs of the token
-        bucket that holds the step."""
+        their sampled tokens' positions, in a verify step each row's guesses, and the prompt
+        logprobs of requests that ask for them (``worker/prompt_logprobs.py``). Eager, or
+        through the piecewise graphs of the token bucket that holds the step."""
         gb = self.inputs.general_batch(out, states, starts, self._prev_rows, self.block_size)
         total, qsl, rows = gb.total, gb.qsl, gb.rows
         pw = self.piecewise if self.use_cuda_graphs else None
@@ -374,14 +373,15 @@ class ModelRunner:
             hidden = pw.run(bucket, attend)
         else:
             hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
+        prompt_lps = None
         if any(st.params.prompt_logprobs is not None for st in states):
-            self._prompt_lps = chunk_prompt_logprobs(
+            prompt_lps = chunk_prompt_logprobs(
                 self.model.compute_logits, hidden, qsl, states, starts
             )
         ends = gb.seq_lens[rows]
         if last is None:
-            return None, rows, ends, drafts
-        return self.model.compute_logits(hidden[last]), rows, ends, drafts
+            return None, rows, ends, drafts, prompt_lps
+        return self.model.compute_logits(hidden[last]), rows, ends, drafts, prompt_lps
 
     # -- sampling -----------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@
 of ``{"name", "parameters"}``, so it always parses. ``auto``: the tool parser decides.
 
 A call counts when its object is complete, names one of the request's tools and its arguments
-are JSON (``ToolParser.valid_calls``): the calls are the leading run of such objects, and a
+are JSON (``ToolParser.counted``): the calls are the leading run of such objects, and a
 malformed or unknown call ends the run. Streaming passes content through until the parser's
 opening text appears; from there it sends each call in OpenAI's delta shape (id, type, name and
 the whole arguments text) as soon as its object closes and checks out, so a client never
