@@ -362,7 +362,7 @@ SAMPLED = dict(temperature=0.8, top_p=0.95)  # a chat client's usual settings
 def bench_itl(drv: Driver, t_end: float) -> None:
     """b. Single stream at a 1,000-token context: CUDA graphs with and without asynchronous
     scheduling, and eager (same engine), greedy; then graphs and asynchronous scheduling with
-    temperature and top-p sampling (the sampler runs after the graph)."""
+    temperature and top-p sampling (drawn inside the decode graph, ``sample_in_graph``)."""
     core = drv.llm.core
     runner = core.runner
     drv.run(workload(8, 300, 16, 99), t_end)  # warm-up: prefill and mixed-step variants

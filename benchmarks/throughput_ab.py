@@ -26,6 +26,8 @@
     nopre     small Triton grids and the GEMV release the next kernel after their wait, not
               before it (pdl.pre_release off)
     sortsampler  every sampled batch on the sorting sampler (fused_sampler off)
+    nographsample  sampled decode steps drawn by the sort-free sampler launched after the
+              decode graph's replay, not inside the graph (sample_in_graph off)
     fp8       the engine with an FP8 KV cache
     int4[swap][dense<N>]  INT4 weights (GPTQ g128, dummy) + FP8 KV cache; ``swap``: the W4A16
               GEMM with swapped operands, ``dense<N>``: from N rows dequantize + cuBLAS
@@ -61,6 +63,7 @@ VARIANT_KERNEL_CONFIG: dict[str, dict] = {
     "noprewait": {"attention": {"pre_wait_max_reqs": 0}},
     "nosplitearly": {"attention": {"split_early": False}},
     "sortsampler": {"fused_sampler": False},
+    "nographsample": {"sample_in_graph": False},
     "nographpatch": {"graph_patch": False},
     "noargmax": {"argmax_kernel": False},
     "nopdl": {"pdl": {"enabled": False}},

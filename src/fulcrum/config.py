@@ -453,6 +453,11 @@ class KernelConfig:
         envs.FULCRUM_GRAPH_PATCH,
         "Decode graphs patch in the previous step's sampled ids as their first kernel.",
     )
+    sample_in_graph: bool = _switch(
+        envs.FULCRUM_SAMPLE_IN_GRAPH,
+        "Decode graphs end with the sort-free sampler (with fused_sampler), so a sampled decode "
+        "step launches nothing between replays.",
+    )
     capture_warmup: bool = _switch(
         envs.FULCRUM_CAPTURE_WARMUP,
         "Run every decode graph's step eagerly before capturing it, even after the dry run.",

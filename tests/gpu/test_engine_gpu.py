@@ -178,6 +178,42 @@ def test_no_kernel_compiles_after_start_up(
     assert not seen, f"{len(seen)} kernel variants compiled while serving: {seen}"
 
 
+def test_decode_graphs_draw_what_the_sampler_after_them_draws(
+    tiny_llama: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sample_in_graph``: the decode graphs draw sampled rows themselves. Seeded requests
+    (their noise keyed by seed and position) draw the same tokens as with the sort-free
+    sampler launched after each replay, greedy rows keep the argmax, and no sampler launch
+    runs between replays."""
+    import fulcrum.worker.step_sampling as ss
+
+    calls: list[int] = []
+    real = ss.sample_fused
+    monkeypatch.setattr(ss, "sample_fused", lambda x, p, *a: calls.append(len(p)) or real(x, p, *a))
+    prompts = _prompts(12, 320, seed=6)
+    kw = dict(max_tokens=20, ignore_eos=True)
+    params = [
+        SamplingParams(temperature=0, **kw) if i % 4 == 0
+        else SamplingParams(temperature=0.9, top_p=0.9 if i % 2 else 1.0, seed=100 + i, **kw)
+        for i in range(12)
+    ]  # fmt: skip
+    got = {}
+    for on in (True, False):
+        llm = _engine(tiny_llama, "float32", eager=False, kernel_config={"sample_in_graph": on})
+        assert llm.core.runner.graphs.sample_in_graph == on
+        calls.clear()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        got[on] = [o.outputs[0].token_ids for o in outs]
+        replays = llm.core.runner.graphs.num_replays
+        assert replays >= 19
+        # prefill steps sample after the forward; decode steps in the graph, or after it
+        assert len(calls) < replays if on else len(calls) >= replays
+        del llm
+        gc.collect()
+    assert got[True] == got[False]
+    assert all(len(t) == 20 for t in got[True])
+
+
 def _hf_greedy_top(model_dir: str, prompts: list[list[int]], max_new: int):
     from transformers import AutoModelForCausalLM
 

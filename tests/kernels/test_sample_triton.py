@@ -96,6 +96,21 @@ def test_nan_rows_end_and_rejections_stop_at_the_cap(monkeypatch) -> None:
     assert torch.equal(sample_rows(x, _params(3, 3.0, 1, 1.0, 0.0)), x.argmax(-1))
 
 
+def test_skip_greedy_leaves_greedy_rows_as_written() -> None:
+    """``skip_greedy`` (the decode graphs' sampler, after their argmax): rows of temperature 0
+    keep what ``out`` held, the others draw exactly what they draw without it."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 700, generator=g)
+    params = _pack([[0, -1, 1, 0], [0.8, -1, 0.9, 0], [0, -1, 1, 0], [1.2, 5, 1, 0.05]], key=9)
+    out = torch.tensor([-7, -7, 123, -7])
+    sample_rows(x, params, out=out, skip_greedy=True)
+    want = sample_rows(x, params)
+    assert out[0] == -7 and out[2] == 123  # untouched
+    assert out[1] == want[1] and out[3] == want[3]
+    with pytest.raises(ValueError, match="out"):
+        sample_rows(x, params, skip_greedy=True)
+
+
 def test_bad_columns_are_named() -> None:
     x = torch.randn(2, 10)
     with pytest.raises(ValueError, match="params"):
@@ -126,13 +141,21 @@ from fulcrum.kernels.sample import _round0_kernel, _sample_kernel
 
 ptrs = {"x_ptr": "*bf16", "stride_x": "i32", "params_ptr": "*i32", "part_ptr": "*fp32"}
 kernels = [
-    (_round0_kernel, {**ptrs, "V": "i32", "SLICE": "i32", "CHUNK": "constexpr"}, {"CHUNK": 4096}),
+    (
+        _round0_kernel,
+        {**ptrs, "V": "i32", "SLICE": "i32", "CHUNK": "constexpr", "SKIP_GREEDY": "constexpr",
+         "FAST": "constexpr"},
+        {"CHUNK": 4096, "SKIP_GREEDY": skip, "FAST": True},
+    )
+    for skip in (False, True)
+] + [
     (
         _sample_kernel,
         {**ptrs, "out_ptr": "*i64", "V": "i32", "SPLITS": "constexpr", "CHUNK": "constexpr",
-         "MAX_ROUNDS": "constexpr"},
-        {"SPLITS": 32, "CHUNK": 4096, "MAX_ROUNDS": 64},
-    ),
+         "MAX_ROUNDS": "constexpr", "SKIP_GREEDY": "constexpr", "FAST": "constexpr"},
+        {"SPLITS": 32, "CHUNK": 4096, "MAX_ROUNDS": 64, "SKIP_GREEDY": skip, "FAST": True},
+    )
+    for skip in (False, True)
 ]
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)

@@ -196,3 +196,55 @@ def test_every_step_kind_builds_metadata_that_agrees_with_its_host_lists(
     prompts = [[rng.randrange(3, 320) for _ in range(n)] for n in (5, 30, 9)]
     _greedy(llm, prompts, [4, 3, 5])
     assert kinds == {"decode graph", "piecewise", "eager"}
+
+
+def test_emulated_decode_graphs_sample_in_the_graph(tiny_models, monkeypatch):
+    """With ``sample_in_graph`` the decode graph draws its sampled rows itself (the sort-free
+    kernels, interpreted here): no sampler call and no patch between replays, greedy rows keep
+    the argmax, and a seeded request draws the tokens the sampler after the graph draws (its
+    noise keyed by seed and position). A grammar's bitmask or logprobs leave it to the sampler."""
+    import fulcrum.worker.step_sampling as ss
+
+    monkeypatch.setattr(ss, "use_triton", lambda *a: True)  # the CUDA sampler, interpreted
+    monkeypatch.setattr(startup, "use_triton", lambda *a: True)
+    calls: list[int] = []
+    real = ss.sample_fused
+    monkeypatch.setattr(ss, "sample_fused", lambda x, p, *a: calls.append(len(p)) or real(x, p, *a))
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, 320) for _ in range(rng.randrange(3, 30))] for _ in range(3)]
+    kw = dict(device="cpu", dtype="float32", attention_backend="triton", max_num_seqs=4)
+    want = _eager(tiny_models["llama"], prompts, [6, 6, 6], **kw)
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=7, max_tokens=6, ignore_eos=True)
+    nucleus = SamplingParams(temperature=0.8, min_p=0.05, max_tokens=6, ignore_eos=True)
+    batch = [greedy, seeded, nucleus]
+
+    def run(sample_in_graph: bool) -> tuple[list[list[int]], int]:
+        """Tokens of the batch, and the vocabulary's size."""
+        kc = {"sample_in_graph": sample_in_graph}
+        llm = LLM(tiny_models["llama"], async_scheduling="on", kernel_config=kc, **kw)
+        runner = llm.core.runner
+        startup.capture_graphs(runner, emulate=True)
+        assert runner.graphs.sample_in_graph == sample_in_graph
+        outside = []
+        fill = runner._fill_sampled
+        monkeypatch.setattr(runner, "_fill_sampled", lambda *a: outside.append(1) or fill(*a))
+        calls.clear()
+        outs = llm.generate(prompts, batch, use_tqdm=False)
+        got = [o.outputs[0].token_ids for o in outs]
+        assert got[0] == want[0]  # the greedy row: the argmax, drawn beside sampled rows
+        assert runner.graphs.num_replays >= 5
+        if sample_in_graph:  # the prefill's sampler, then every decode step in its graph
+            assert calls == [3] and len(outside) == 1
+            # a grammar or logprobs: the graph keeps the argmax and the sampler draws after it
+            calls.clear()
+            lp = SamplingParams(temperature=0.8, logprobs=1, max_tokens=3, ignore_eos=True)
+            assert len(llm.generate(prompts[:1], lp, use_tqdm=False)[0].outputs[0].token_ids) == 3
+        else:  # a sampler call after every replay, each followed by a patch
+            assert len(calls) >= 6 and len(outside) >= 5
+        return got, runner.vocab_size
+
+    in_graph, vocab = run(True)
+    after, _ = run(False)
+    assert in_graph[1] == after[1]  # seeded: the same draws either way
+    assert len(in_graph[2]) == 6 and all(0 <= t < vocab for t in in_graph[2])

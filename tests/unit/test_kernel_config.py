@@ -70,7 +70,7 @@ def test_every_switch_is_described() -> None:
     assert "pdl.enabled" in names and "attention.order_min_reqs" in names
     assert all(doc for _, _, doc, _ in rows)
     envs = {env for *_, env in rows if env}
-    assert len(envs) == 13  # every FULCRUM_* switch seeds exactly one field
+    assert len(envs) == 14  # every FULCRUM_* switch seeds exactly one field
 
 
 def test_kernel_config_flag_parses_json_and_names_a_bad_key(

@@ -34,7 +34,8 @@ dropped together); min-p keeps probabilities at least ``min_p`` times the larges
 together with top-p (top-p over the top-k renormalised distribution) needs the top-k mass
 and stays with the sorting sampler. A row with temperature 0 takes the first maximum.
 
-Noise: Philox (``tl.rand``) keyed by the row's key and the round, at the column. Unseeded rows
+Noise: Philox (``tl.rand4x``) keyed by the row's key and the round, one counter per four
+columns (column ``4 q + j`` takes the counter ``q``'s output ``j``). Unseeded rows
 take keys from torch's default generator (``random_keys``); a seeded request's key follows
 from its seed and the token's position (``seeded_key``), so its tokens do not depend on the
 batch it ran in.
@@ -48,6 +49,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 CHUNK, WARPS = 4096, 16
 SPLITS, SPLIT_WARPS = 32, 8  # round 0's programs per row, and their warps
@@ -55,6 +57,7 @@ INTERPRET_CHUNK, INTERPRET_SPLITS = 512, 2
 MAX_ROUNDS = 64  # rejections before a row takes its most likely token
 # Keys of neighbouring rows (or positions) lie this far apart; each round adds 7,919.
 KEY_STRIDE = 1_000_003
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -70,39 +73,78 @@ def _row_params(params_ptr, row):
 
 
 @triton.jit
-def _gumbel_key(s, seed, rnd, cols, noisy):
-    """``s`` plus Gumbel noise (``-log(-log u)``) from the (row key, round) stream, at ``cols``;
-    ``s`` itself where not ``noisy``."""
-    u = tl.maximum(tl.rand(seed + rnd * 7_919, cols), 1.0e-30)  # u = 0 would give key -inf
-    return tl.where(noisy, s - tl.log(-tl.log(u)), s)
+def _log2(x, FAST: tl.constexpr):
+    """log2; with ``FAST`` (CUDA) the hardware's approximate one, one instruction where
+    ``tl.log2`` is a software polynomial of ~20: Gumbel noise needs no more than its ~22
+    correct bits. The interpreter has no such intrinsic."""
+    if FAST:
+        return libdevice.fast_log2f(x)
+    else:
+        return tl.log2(x)
 
 
 @triton.jit
-def _round0_kernel(x_ptr, stride_x, params_ptr, part_ptr, V, SLICE, CHUNK: tl.constexpr):
+def _noisy_argmax(s, q, ok, seed, rnd, noisy, QUADS: tl.constexpr, FAST: tl.constexpr):
+    """The first maximum of ``s`` plus Gumbel noise (``-log(-log u)``) -- of ``s`` itself where
+    not ``noisy`` -- over a ``[QUADS, 4]`` tile of columns ``4 q + j`` (``ok``: the columns that
+    take part): (key, column). One Philox call draws the four uniforms of a row of the tile
+    (column ``4 q + j`` takes output ``j`` of counter ``q``): the generator, most of the
+    arithmetic here, runs once per four columns."""
+    j = tl.arange(0, 4)[None, :]
+    r0, r1, r2, r3 = tl.rand4x(seed + rnd * 7_919, q)
+    u = tl.where(j < 2, tl.where(j == 0, r0[:, None], r1[:, None]),
+                 tl.where(j == 2, r2[:, None], r3[:, None]))  # fmt: skip
+    u = tl.maximum(u, 1.0e-30)  # u = 0 would give key -inf
+    g = -LN2 * _log2(-LN2 * _log2(u, FAST), FAST)  # -ln(-ln u)
+    key = tl.where(ok, tl.where(noisy, s + g, s), float("-inf"))
+    # the first maximum in column order: within each row of four, then over the rows
+    rm, rj = tl.max(key, axis=1, return_indices=True, return_indices_tie_break_left=True)
+    cm, ci = tl.max(rm, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    col = tl.sum(tl.where(tl.arange(0, QUADS) == ci, q * 4 + rj, 0), axis=0)
+    return cm, col
+
+
+@triton.jit
+def _round0_kernel(
+    x_ptr,
+    stride_x,
+    params_ptr,
+    part_ptr,
+    V,
+    SLICE,
+    CHUNK: tl.constexpr,
+    SKIP_GREEDY: tl.constexpr,
+    FAST: tl.constexpr,
+):
     """Round 0 over one slice of a row: its maximum, softmax denominator and Gumbel draw."""
     row = tl.program_id(0)
     split = tl.program_id(1)
-    base = x_ptr + row.to(tl.int64) * stride_x
-    offs = tl.arange(0, CHUNK)
     temp, k, top_p, min_p, seed = _row_params(params_ptr, row)
+    if SKIP_GREEDY:  # a greedy row keeps the argmax already written
+        if temp == 0.0:
+            return
+    base = x_ptr + row.to(tl.int64) * stride_x
+    QUADS: tl.constexpr = CHUNK // 4
+    j = tl.arange(0, 4)[None, :]
     inv_t = 1.0 / tl.where(temp == 0.0, 1.0, temp)
     m = float("-inf")
     z = 0.0
     best = float("-inf")
     at = 0
-    start = split * SLICE
+    start = split * SLICE  # a multiple of CHUNK
     for c0 in range(0, SLICE, CHUNK):
-        cols = start + c0 + offs
-        ok = (cols < V) & (c0 + offs < SLICE)
+        q = (start + c0) // 4 + tl.arange(0, QUADS)
+        cols = q[:, None] * 4 + j
+        ok = (cols < V) & (cols < start + SLICE)
         s = tl.load(base + cols, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
-        m_new = tl.maximum(m, tl.max(s, axis=0))
-        z = z * tl.exp(m - m_new) + tl.sum(tl.where(ok, tl.exp(s - m_new), 0.0), axis=0)
+        m_new = tl.maximum(m, tl.max(tl.max(s, axis=1), axis=0))
+        e = tl.where(ok, tl.exp(s - m_new), 0.0)
+        z = z * tl.exp(m - m_new) + tl.sum(tl.sum(e, axis=1), axis=0)
         m = m_new
-        key = tl.where(ok, _gumbel_key(s, seed, 0, cols, temp != 0.0), float("-inf"))
-        cm, ci = tl.max(key, axis=0, return_indices=True, return_indices_tie_break_left=True)
+        cm, col = _noisy_argmax(s, q, ok, seed, 0, temp != 0.0, QUADS, FAST)
         take = cm > best
         best = tl.where(take, cm, best)
-        at = tl.where(take, start + c0 + ci, at)
+        at = tl.where(take, col, at)
     out = part_ptr + (row * tl.num_programs(1) + split) * 4
     tl.store(out, m)
     tl.store(out + 1, z)
@@ -121,12 +163,19 @@ def _sample_kernel(
     SPLITS: tl.constexpr,
     CHUNK: tl.constexpr,
     MAX_ROUNDS: tl.constexpr,
+    SKIP_GREEDY: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     """Round 0's slices combined, its draw checked; later rounds over the whole row."""
     row = tl.program_id(0)
+    temp, k, top_p, min_p, seed = _row_params(params_ptr, row)
+    if SKIP_GREEDY:
+        if temp == 0.0:
+            return
     base = x_ptr + row.to(tl.int64) * stride_x
     offs = tl.arange(0, CHUNK)
-    temp, k, top_p, min_p, seed = _row_params(params_ptr, row)
+    QUADS: tl.constexpr = CHUNK // 4
+    j = tl.arange(0, 4)[None, :]
     inv_t = 1.0 / tl.where(temp == 0.0, 1.0, temp)
     k = tl.where((k <= 0) | (k >= V), V, k)
     part = part_ptr + (row * SPLITS + tl.arange(0, SPLITS)) * 4
@@ -150,17 +199,15 @@ def _sample_kernel(
             best = float("-inf")
             at = 0
             for c0 in range(0, V, CHUNK):
-                cols = c0 + offs
+                q = c0 // 4 + tl.arange(0, QUADS)
+                cols = q[:, None] * 4 + j
                 s = tl.load(base + cols, mask=cols < V, other=float("-inf"))
                 s = s.to(tl.float32) * inv_t
-                key = _gumbel_key(s, seed, rnd, cols, noisy)
-                key = tl.where((s > pivot) & (s >= floor) & (cols < V), key, float("-inf"))
-                cm, ci = tl.max(
-                    key, axis=0, return_indices=True, return_indices_tie_break_left=True
-                )
+                ok = (s > pivot) & (s >= floor) & (cols < V)
+                cm, col = _noisy_argmax(s, q, ok, seed, rnd, noisy, QUADS, FAST)
                 take = cm > best
                 best = tl.where(take, cm, best)
-                at = tl.where(take, c0 + ci, at)
+                at = tl.where(take, col, at)
         s_at = tl.load(base + at).to(tl.float32) * inv_t
         if (noisy == 0) | (best == float("-inf")):  # -inf: nothing eligible (NaN logits)
             done = 1
@@ -212,13 +259,17 @@ def seeded_key(seed: int, index: int, position: int) -> int:
 
 
 def sample_rows(
-    logits: torch.Tensor, params: torch.Tensor, out: torch.Tensor | None = None
+    logits: torch.Tensor,
+    params: torch.Tensor,
+    out: torch.Tensor | None = None,
+    skip_greedy: bool = False,
 ) -> torch.Tensor:
     """One token id per row of ``logits [n, V]`` (any float dtype, unit column stride).
 
     ``params``: ``pack_params``' ``[n, 6]`` int32 on the logits' device; per row temperature
     (0 = greedy), top-k (<= 0 or >= V: off), top-p (1 = off), min-p (0 = off) and the noise
-    key. A row must not set both top-k and top-p."""
+    key. A row must not set both top-k and top-p. ``skip_greedy``: rows of temperature 0 are
+    left as ``out`` holds them (the argmax a decode graph wrote there) instead of computed."""
     n, vocab = logits.shape
     if logits.stride(-1) != 1:
         raise ValueError("sample_rows: logits need unit column stride")
@@ -227,13 +278,16 @@ def sample_rows(
     if params.device != logits.device:
         raise ValueError(f"sample_rows: params must be on {logits.device}")
     if out is None:
+        if skip_greedy:
+            raise ValueError("sample_rows: skip_greedy leaves rows as out holds them: pass out")
         out = torch.empty(n, dtype=torch.int64, device=logits.device)
     if n == 0:
         return out
     cuda = logits.is_cuda
     splits = SPLITS if cuda else INTERPRET_SPLITS
     per_split = triton.cdiv(vocab, splits)
-    chunk0 = min(CHUNK if cuda else INTERPRET_CHUNK, triton.next_power_of_2(per_split))
+    # tiles of at least one row of four columns (``_noisy_argmax``)
+    chunk0 = max(4, min(CHUNK if cuda else INTERPRET_CHUNK, triton.next_power_of_2(per_split)))
     part = torch.empty((n, splits, 4), dtype=torch.float32, device=logits.device)
     _round0_kernel[(n, splits)](
         logits,
@@ -243,6 +297,8 @@ def sample_rows(
         vocab,
         triton.cdiv(per_split, chunk0) * chunk0,
         CHUNK=chunk0,
+        SKIP_GREEDY=skip_greedy,
+        FAST=cuda,
         num_warps=SPLIT_WARPS if cuda else 1,
     )
     _sample_kernel[(n,)](
@@ -253,8 +309,10 @@ def sample_rows(
         out,
         vocab,
         SPLITS=splits,
-        CHUNK=min(CHUNK if cuda else INTERPRET_CHUNK, triton.next_power_of_2(vocab)),
+        CHUNK=max(4, min(CHUNK if cuda else INTERPRET_CHUNK, triton.next_power_of_2(vocab))),
         MAX_ROUNDS=MAX_ROUNDS,
+        SKIP_GREEDY=skip_greedy,
+        FAST=cuda,
         num_warps=WARPS if cuda else 1,
     )
     return out

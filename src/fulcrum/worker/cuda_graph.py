@@ -9,9 +9,10 @@ one shared pool::
     host (pinned, numpy views)                 device (static, read by every graph)
     ┌ tokens [3, B_max] int64 ┐                 tokens[0] input ids | [1] positions | [2] slots
     │ patch  [2, B_max] int64 │ ── one copy ──► patch: rows of tokens[0] to fill from the
-    └ seq_lens [B_max] int32  ┘                        previous step's sampled ids (on device)
+    │ params [B_max, 6] int32 │                        previous step's sampled ids (on device)
+    └ seq_lens [B_max] int32  ┘                 params: each row's sampling (sample_in_graph)
                                                 seq_lens
-                                                sampled [B_max]: every graph's greedy ids
+                                                sampled [B_max]: every graph's sampled ids
     table [n, width] int32 ── a copy when it ─► block_tables[:n, :width]   (rest: stale, unread)
     (the runner's staging)    changed (a new block)
                                                 query_start_loc = 0, 1, ..., B_max  (constant)
@@ -23,6 +24,12 @@ The patch is the graph's first kernel (``graph_patch``): rows ``patch[0, i] >= 0
 ``sampled[patch[1, i]]``, the ids the previous replay wrote; the rest are off (-1). When the
 previous step's tokens came from elsewhere (the sampler, an eager step), the runner fills them
 before the replay and stages every row off.
+
+The graph's last kernels write ``sampled``: the argmax of every row, then, with
+``sample_in_graph``, the sort-free sampler (``kernels/sample.py``) over the rows whose staged
+``params`` have a temperature (``pack_params``' layout; zero rows: greedy, left as the argmax
+wrote them). A sampled decode step then launches nothing between two replays, and its ids
+patch the next step's inputs from inside the next graph, as greedy ids do.
 
 Graphs are captured largest first so the smaller ones reuse the pool's memory (a graph keeps
 only weak views of its outputs, ``weak_views``), after one eager
@@ -135,8 +142,10 @@ class DecodeGraphs:
         device: torch.device,
         emulate: bool = False,
         kernel_config: KernelConfig | None = None,
+        sample_in_graph: bool = False,
     ) -> None:
         self.forward = forward
+        self.sample_in_graph = sample_in_graph
         self.kernel_config = kernel_config if kernel_config is not None else KernelConfig()
         self.sizes = sorted(sizes)
         self.max_batch = self.sizes[-1]
@@ -146,13 +155,15 @@ class DecodeGraphs:
         self.device = device
         self.emulate = emulate or device.type != "cuda"
         b, dev = self.max_batch, device
-        # Device side: what every graph reads. Tokens, patch rows and seq_lens share one buffer
-        # (int64 words: tokens [0, 3b), patch [3b, 5b), seq_lens as int32 after), one copy.
-        words = 5 * b + (b + 1) // 2
+        # Device side: what every graph reads. Tokens, patch rows, sampling params and seq_lens
+        # share one buffer (int64 words: tokens [0, 3b), patch [3b, 5b), params [5b, 8b) as
+        # int32 [b, 6], seq_lens as int32 after), one copy.
+        words = 8 * b + (b + 1) // 2
         self._dev = torch.zeros(words, dtype=torch.int64, device=dev)
         self.tokens = self._dev[: 3 * b].view(3, b)
         self.patch = self._dev[3 * b : 5 * b].view(2, b)
-        self.seq_lens = self._dev[5 * b :].view(torch.int32)[:b]
+        self.params = self._dev[5 * b : 8 * b].view(torch.int32).view(b, 6)
+        self.seq_lens = self._dev[8 * b :].view(torch.int32)[:b]
         self.block_tables = torch.zeros(b, max_blocks, dtype=torch.int32, device=dev)
         # The sampled-id patch inside each graph rather than a launch between replays: measured
         # faster on an H200, where a kernel launched between two replays slows the next replay
@@ -165,7 +176,8 @@ class DecodeGraphs:
         h = self._host.numpy()
         self.h_tokens = h[: 3 * b].reshape(3, b)
         self.h_patch = h[3 * b : 5 * b].reshape(2, b)
-        self.h_seq_lens = h[5 * b :].view(np.int32)[:b]
+        self.h_params = h[5 * b : 8 * b].view(np.int32).reshape(b, 6)
+        self.h_seq_lens = h[8 * b :].view(np.int32)[:b]
         self._table: np.ndarray | None = None  # the block table rows on the device now
         self.graphs: dict[int, torch.cuda.CUDAGraph | EmulatedGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -201,7 +213,7 @@ class DecodeGraphs:
     def _run_static(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids, pos = self.tokens[0, :b], self.tokens[1, :b]
         if not self.patch_in_graph:
-            return self.forward(ids, pos, self._meta(b))
+            return self._sample(*self.forward(ids, pos, self._meta(b)), b)
         rows = self.patch[:, :b]
         if self.device.type == "cuda":
             from fulcrum.kernels.scatter import gather_scatter
@@ -210,7 +222,17 @@ class DecodeGraphs:
         else:  # emulated replays: a boolean mask is fine off CUDA
             on = rows[0] >= 0
             ids.index_copy_(0, rows[0][on], self.sampled.index_select(0, rows[1][on]))
-        return self.forward(ids, pos, self._meta(b), out=self.sampled[:b])
+        return self._sample(*self.forward(ids, pos, self._meta(b), out=self.sampled[:b]), b)
+
+    def _sample(
+        self, logits: torch.Tensor, ids: torch.Tensor, b: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """With ``sample_in_graph``, the rows staged with a temperature drawn over the argmax."""
+        if self.sample_in_graph:
+            from fulcrum.kernels.sample import sample_rows
+
+            sample_rows(logits, self.params[:b], out=ids, skip_greedy=True)
+        return logits, ids
 
     def _fill_padding(self) -> None:
         """Every row a padding row: writes no KV, reads no KV; every patch row off."""
@@ -218,6 +240,7 @@ class DecodeGraphs:
         self.h_tokens[1] = 0
         self.h_tokens[2] = -1
         self.h_seq_lens[:] = 0
+        self.h_params[:] = 0
         self.h_patch[0] = -1
         self.h_patch[1] = 0
         self._dev.copy_(self._host)
@@ -303,13 +326,15 @@ class DecodeGraphs:
         table: torch.Tensor,  # [n, width] int32, contiguous host tensor (pinned on CUDA)
         dst: list[int] | None = None,  # rows of input_ids that the previous step sampled ...
         src: list[int] | None = None,  # ... and their rows in its sampled ids
+        params: np.ndarray | None = None,  # [n, 6] int32 (pack_params): sample in the graph
     ) -> int:
         """Copy one decode step of ``n`` requests into the static inputs; returns its bucket.
         ``patch[:, :len(dst)]`` then holds ``dst``/``src`` on the device (with
         ``patch_in_graph``, the graph fills those rows from ``sampled``: pass them only when
-        the previous step's tokens are the last replay's greedy ids). The host buffers must
-        not change until the copies are done (the runner's staging fence, recorded after this
-        call, guards them)."""
+        the previous step's tokens are the last replay's ids). ``params`` (with
+        ``sample_in_graph``): each row's sampling, drawn by the graph's sampler; None: every row
+        keeps the argmax. The host buffers must not change until the copies are done (the
+        runner's staging fence, recorded after this call, guards them)."""
         n, width = table.shape
         b = self.bucket(n)
         assert b is not None and width <= self.max_blocks
@@ -329,6 +354,15 @@ class DecodeGraphs:
             self.h_patch[1, :k] = src
         if self.patch_in_graph:
             self.h_patch[0, k:b] = -1
+        if self.sample_in_graph:
+            hp = self.h_params
+            if params is None:
+                hp[:b] = 0
+            else:
+                hp[:n] = params
+                hp[n:b] = 0
+        else:
+            assert params is None, "stage: params for graphs that do not sample"
         self._dev.copy_(self._host, non_blocking=True)
         rows = table.numpy()
         last = self._table
@@ -338,8 +372,9 @@ class DecodeGraphs:
         return b
 
     def replay(self, b: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run bucket ``b`` on the staged inputs; returns logits ``[n, vocab]`` and their greedy
-        ids ``[n]`` (graph-owned memory, valid until the next replay)."""
+        """Run bucket ``b`` on the staged inputs; returns logits ``[n, vocab]`` and their sampled
+        ids ``[n]`` (the argmax, or the staged params' draws; graph-owned memory, valid until
+        the next replay)."""
         self.graphs[b].replay()
         self.num_replays += 1
         logits, ids = self.outputs[b]

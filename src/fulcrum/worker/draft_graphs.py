@@ -14,10 +14,15 @@ logger = logging.getLogger(__name__)
 
 
 def new_decode_graphs(
-    runner: ModelRunner, forward: DecodeForward, emulate: bool, max_rows: int | None = None
+    runner: ModelRunner,
+    forward: DecodeForward,
+    emulate: bool,
+    max_rows: int | None = None,
+    sample_in_graph: bool = False,
 ) -> DecodeGraphs:
     """Decode graphs (not captured yet) of ``forward`` for batch buckets up to ``max_rows``
-    (default: ``max_num_seqs``; capped at ``MAX_CAPTURE_SIZE``)."""
+    (default: ``max_num_seqs``; capped at ``MAX_CAPTURE_SIZE``); ``sample_in_graph``: they end
+    with the sort-free sampler (the target model's; a draft's guesses are drawn elsewhere)."""
     return DecodeGraphs(
         forward,
         capture_sizes(max_rows or runner.config.scheduler_config.max_num_seqs),
@@ -27,6 +32,7 @@ def new_decode_graphs(
         runner.device,
         emulate=emulate,
         kernel_config=runner.kernel_config,
+        sample_in_graph=sample_in_graph,
     )
 
 

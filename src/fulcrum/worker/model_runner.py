@@ -53,6 +53,7 @@ from fulcrum.worker.host_staging import HostStaging
 from fulcrum.worker.input_batch import InputBuilder, ReqState
 from fulcrum.worker.piecewise_graph import PiecewiseGraphs
 from fulcrum.worker.prompt_logprobs import chunk_prompt_logprobs
+from fulcrum.worker.sampler import fused_params
 from fulcrum.worker.step_sampling import StepHandle, StepSampler
 
 
@@ -183,10 +184,10 @@ class ModelRunner:
             guesses = self.draft.propose(out, states, starts, self.sampling)
         dec = self.inputs.decode_batch(out, states, starts, self._prev_rows)
         if dec is not None:
-            logits, greedy = self._decode_step(*dec, states)
+            logits, ids, drawn = self._decode_step(*dec, states, before_sample is None)
             if before_sample is not None:
                 before_sample()
-            return self._sample(logits, states, dec[1] + 1, greedy, out.grammar_bitmask)
+            return self._sample(logits, states, dec[1] + 1, ids, out.grammar_bitmask, drawn)
         if guesses is None and out.scheduled_spec_decode_tokens:
             handle = self._verify_in_decode_graph(out, states, starts, before_sample)
             if handle is not None:
@@ -230,11 +231,11 @@ class ModelRunner:
         if vb is None or self.graphs.bucket(len(vb[0])) is None:
             return None
         ids, pos, rows_states, drafts = vb
-        logits, greedy = self._decode_step(ids, pos, [], [], rows_states)
+        logits, greedy, drawn = self._decode_step(ids, pos, [], [], rows_states, before_sample is None)
         if before_sample is not None:
             before_sample()
         mask = _verify_mask(out.grammar_bitmask, drafts)
-        handle = self._sample(logits, rows_states, pos + 1, greedy, mask)
+        handle = self._sample(logits, rows_states, pos + 1, greedy, mask, drawn)
         handle.drafts = drafts
         self.num_graph_verify_steps += 1
         return handle
@@ -285,23 +286,27 @@ class ModelRunner:
         dst: list[int],
         src: list[int],
         states: list[ReqState],
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits of a pure-decode batch, and their greedy ids when a CUDA graph computed them."""
+        may_draw: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+        """Logits of a pure-decode batch, their ids when a CUDA graph computed them (the argmax,
+        or every row's draw), and whether the graph drew every row's token. ``may_draw``: no
+        grammar bitmask will apply to these logits, so the graph may sample them."""
         bs, n = self.block_size, len(ids)
         table = self.inputs.table(states, int(pos.max()) // bs + 1)
         slots = table.numpy()[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
         if self.use_cuda_graphs and self.graphs is not None and self.graphs.bucket(n):
             g = self.graphs
+            params = self._graph_params(states, pos + 1) if may_draw else None
             if g.patch_in_graph and self._prev_sampled is not self._graph_ids:
-                b = g.stage(ids, pos, slots, table)  # the graph's patch rows all off ...
+                b = g.stage(ids, pos, slots, table, params=params)  # patch rows all off ...
                 self._patch(g.tokens[0], dst, src)  # ... the tokens came from elsewhere
-            else:
-                b = g.stage(ids, pos, slots, table, dst, src)  # patch rows copied with the rest
+            else:  # patch rows copied with the rest
+                b = g.stage(ids, pos, slots, table, dst, src, params=params)
                 if dst and not g.patch_in_graph:
                     self._fill_sampled(g.tokens[0], g.patch[:, : len(dst)])
             self._staging.fence()
             logits, self._graph_ids = g.replay(b, n)
-            return logits, self._graph_ids
+            return logits, self._graph_ids, params is not None
         seq_lens = pos + 1
         st, dev = self._staging, self.device
         meta = AttentionMetadata.build(
@@ -319,7 +324,21 @@ class ModelRunner:
         pos_dev = st.put("pos", pos, torch.int64)
         st.fence()
         hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
-        return self.model.compute_logits(hidden), None
+        return self.model.compute_logits(hidden), None, False
+
+    def _graph_params(self, states: list[ReqState], positions: np.ndarray) -> np.ndarray | None:
+        """The decode graph's sampling rows for ``states`` when it can draw every row itself:
+        its graphs sample, the sort-free sampler is on, and every row is plain greedy or
+        within that sampler's reach (some not greedy). None: the argmax alone, then the step's
+        sampler."""
+        kc, g = self.kernel_config, self.graphs
+        if g is None or not (g.sample_in_graph and kc.sample_in_graph and kc.fused_sampler):
+            return None
+        if all(st.plain_greedy for st in states):
+            return None
+        if not all(st.plain_greedy or st.fused_sample for st in states):
+            return None
+        return fused_params([st.params for st in states], [st.index for st in states], positions)
 
     def _general_step(
         self,
@@ -392,13 +411,15 @@ class ModelRunner:
         positions: np.ndarray,
         greedy: torch.Tensor | None = None,
         bitmask: np.ndarray | None = None,
+        graph_sampled: bool = False,
     ) -> StepHandle:
         """Sample on the device and start copying the result to the host; the sampled ids stay
         on the device for the next step's inputs. ``positions``: each row's sampled token's;
+        ``greedy``: a decode graph's ids (with ``graph_sampled``, its draws of every row);
         ``bitmask``: the grammar's allowed tokens per row (structured output)."""
         self._prev_rows = {st.req_id: i for i, st in enumerate(states)}
         handle, self._prev_sampled = self.sampling.sample(
-            logits, states, positions, greedy, bitmask
+            logits, states, positions, greedy, bitmask, graph_sampled
         )
         return handle
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fulcrum.config import KernelConfig
@@ -108,22 +109,33 @@ def fused_sampling(p: WireSamplingParams) -> bool:
     return _draw_only(p) and not (p.top_k > 0 and p.top_p < 1.0)
 
 
+def fused_params(
+    params: Sequence[WireSamplingParams], indices: Sequence[int], positions: Sequence[int]
+) -> np.ndarray:
+    """The sort-free kernels' ``[n, 6]`` int32 rows (``kernels/sample.pack_params``) for rows
+    that all pass ``fused_sampling``: temperature, top-k, top-p, min-p and the noise key. A
+    seeded row's key follows from its seed, its ``indices`` entry (its place among the
+    request's n samples) and ``positions`` entry (the sampled token's position)."""
+    from fulcrum.kernels.sample import pack_params, random_keys, seeded_key
+
+    keys = random_keys(len(params))
+    for i, p in enumerate(params):
+        if p.seed is not None:
+            keys[i] = seeded_key(p.seed, indices[i], int(positions[i]))
+    return pack_params([[p.temperature, p.top_k, p.top_p, p.min_p] for p in params], keys)
+
+
 def sample_fused(
     logits: torch.Tensor,
     params: Sequence[WireSamplingParams],
     indices: Sequence[int],
     positions: Sequence[int],
 ) -> torch.Tensor:
-    """One token per row, sort-free, for rows that all pass ``fused_sampling``. A seeded
-    row's noise follows from its seed, its ``indices`` entry (its place among the request's n
-    samples) and ``positions`` entry (the sampled token's position)."""
-    from fulcrum.kernels.sample import pack_params, random_keys, sample_rows, seeded_key
+    """One token per row, sort-free, for rows that all pass ``fused_sampling`` (their noise
+    keys as ``fused_params`` gives them)."""
+    from fulcrum.kernels.sample import sample_rows
 
-    keys = random_keys(len(params))
-    for i, p in enumerate(params):
-        if p.seed is not None:
-            keys[i] = seeded_key(p.seed, indices[i], int(positions[i]))
-    rows = pack_params([[p.temperature, p.top_k, p.top_p, p.min_p] for p in params], keys)
+    rows = fused_params(params, indices, positions)
     return sample_rows(logits, _to_device(rows, torch.int32, logits.device))
 
 

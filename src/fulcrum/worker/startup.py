@@ -26,6 +26,7 @@ import torch
 
 from fulcrum.attention.backend import AttentionMetadata
 from fulcrum.config import EngineConfig
+from fulcrum.kernels.dispatch import use_triton
 from fulcrum.worker.cuda_graph import DecodeGraphs, capture_sizes
 from fulcrum.worker.draft_graphs import capture_draft_graphs, new_decode_graphs
 from fulcrum.worker.model_runner import ModelRunner
@@ -186,13 +187,15 @@ def capture_graphs(runner: ModelRunner, emulate: bool = False) -> None:
     if runner.attn_backend.name != "triton":
         logger.info("CUDA graphs need the triton attention backend; running eagerly.")
         return
-    graphs = new_decode_graphs(
-        runner, functools.partial(decode_logits, runner), emulate, decode_graph_rows(runner.config)
-    )
     # the sampler runs after each replay: compiled now too (found compiled when KV profiling
     # ran; the LM head of a zero row gives logits of the serving dtype and width)
     hidden = torch.zeros(1, runner.config.model_config.hf_config.hidden_size, device=runner.device)
     logits = runner.model.compute_logits(hidden.to(runner.dtype))
+    kc = runner.kernel_config
+    in_graph = kc.sample_in_graph and kc.fused_sampler and use_triton(logits, kc)
+    forward = functools.partial(decode_logits, runner)
+    rows = decode_graph_rows(runner.config)
+    graphs = new_decode_graphs(runner, forward, emulate, rows, sample_in_graph=in_graph)
     warm = functools.partial(runner.sampling.warm, logits)
     compile_ahead(warm, "the sampler", runner.kernel_config.compile_ahead)
     runner.sampling.warm(logits)

@@ -1,6 +1,8 @@
 """A step's logits to sampled ids on their way to the host, without waiting on the device::
 
-    logits ─► every row plain greedy: argmax (the decode graph's own, when it ran one)
+    logits ─► the decode graph sampled every row itself (``DecodeGraphs.sample_in_graph``):
+              its ids
+           ─► every row plain greedy: argmax (the decode graph's own, when it ran one)
            ─► every row served by the sort-free kernels (``sampler.fused_sampling``: no
               penalties, logprobs or min_tokens; not top-k with top-p), on CUDA, where
               ``KernelConfig.fused_sampler`` is on: ``sample_fused``
@@ -59,10 +61,12 @@ class StepSampler:
         positions: Sequence[int],
         greedy: torch.Tensor | None = None,
         bitmask: np.ndarray | None = None,
+        graph_sampled: bool = False,
     ) -> tuple[StepHandle, torch.Tensor | None]:
         """The step's handle, and its sampled ids on the device (None: nothing sampled).
-        ``positions``: each row's sampled token's position; ``bitmask``: structured output's
-        allowed tokens per row, applied to the logits first."""
+        ``positions``: each row's sampled token's position; ``greedy``: a decode graph's ids,
+        its argmax of every row, or with ``graph_sampled`` every row's draw; ``bitmask``:
+        structured output's allowed tokens per row, applied to the logits first."""
         if logits is None:  # prefill chunks only
             return StepHandle(torch.empty(0, dtype=torch.int64), None, []), None
         if bitmask is not None:
@@ -70,7 +74,9 @@ class StepSampler:
             greedy = None  # a decode graph's argmax saw the unmasked logits
         extra: list[torch.Tensor] = []
         kc = self.kernel_config
-        if all(st.plain_greedy for st in states):
+        if graph_sampled and greedy is not None:
+            sampled = greedy
+        elif all(st.plain_greedy for st in states):
             sampled = greedy if greedy is not None else greedy_argmax(logits, None, kc)
         elif kc.fused_sampler and use_triton(logits, kc) and all(st.fused_sample for st in states):
             params = [st.params for st in states]
