@@ -84,24 +84,27 @@ def _log2(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def _noisy_argmax(s, q, ok, seed, rnd, noisy, QUADS: tl.constexpr, FAST: tl.constexpr):
-    """The first maximum of ``s`` plus Gumbel noise (``-log(-log u)``) -- of ``s`` itself where
-    not ``noisy`` -- over a ``[QUADS, 4]`` tile of columns ``4 q + j`` (``ok``: the columns that
-    take part): (key, column). One Philox call draws the four uniforms of a row of the tile
-    (column ``4 q + j`` takes output ``j`` of counter ``q``): the generator, most of the
-    arithmetic here, runs once per four columns."""
+def _noisy_keys(s, q, ok, seed, rnd, noisy, FAST: tl.constexpr):
+    """``s`` plus Gumbel noise (``-log(-log u)``) -- ``s`` itself where not ``noisy`` -- over a
+    ``[QUADS, 4]`` tile of columns ``4 q + j``, -inf outside ``ok``. One Philox call draws the
+    four uniforms of a row of the tile (column ``4 q + j`` takes output ``j`` of counter
+    ``q``): the generator, most of the arithmetic here, runs once per four columns."""
     j = tl.arange(0, 4)[None, :]
     r0, r1, r2, r3 = tl.rand4x(seed + rnd * 7_919, q)
     u = tl.where(j < 2, tl.where(j == 0, r0[:, None], r1[:, None]),
                  tl.where(j == 2, r2[:, None], r3[:, None]))  # fmt: skip
     u = tl.maximum(u, 1.0e-30)  # u = 0 would give key -inf
     g = -LN2 * _log2(-LN2 * _log2(u, FAST), FAST)  # -ln(-ln u)
-    key = tl.where(ok, tl.where(noisy, s + g, s), float("-inf"))
-    # the first maximum in column order: within each row of four, then over the rows
-    rm, rj = tl.max(key, axis=1, return_indices=True, return_indices_tie_break_left=True)
-    cm, ci = tl.max(rm, axis=0, return_indices=True, return_indices_tie_break_left=True)
-    col = tl.sum(tl.where(tl.arange(0, QUADS) == ci, q * 4 + rj, 0), axis=0)
-    return cm, col
+    return tl.where(ok, tl.where(noisy, s + g, s), float("-inf"))
+
+
+@triton.jit
+def _first_max(key, col, V):
+    """The largest of a tile of keys and, among the columns ``col`` holding it, the first;
+    column 0 where no key equals the largest (NaN keys)."""
+    best = tl.max(tl.max(key, axis=1), axis=0)
+    at = tl.min(tl.min(tl.where(key == best, col, V), axis=1), axis=0)
+    return best, tl.where(at >= V, 0, at)
 
 
 @triton.jit
@@ -141,7 +144,7 @@ def _round0_kernel(
         e = tl.where(ok, tl.exp(s - m_new), 0.0)
         z = z * tl.exp(m - m_new) + tl.sum(tl.sum(e, axis=1), axis=0)
         m = m_new
-        cm, col = _noisy_argmax(s, q, ok, seed, 0, temp != 0.0, QUADS, FAST)
+        cm, col = _first_max(_noisy_keys(s, q, ok, seed, 0, temp != 0.0, FAST), cols, V)
         take = cm > best
         best = tl.where(take, cm, best)
         at = tl.where(take, col, at)
@@ -196,18 +199,20 @@ def _sample_kernel(
         # past MAX_ROUNDS rejections, the most likely token (always kept) without noise
         noisy = (temp != 0.0) & (rnd < MAX_ROUNDS)
         if rnd > 0:  # pass A: one draw among the eligible tokens (Gumbel-max)
-            best = float("-inf")
-            at = 0
+            # each lane keeps its own best key and column; one reduction after the loop
+            best_v = tl.full([QUADS, 4], float("-inf"), dtype=tl.float32)
+            at_v = tl.zeros([QUADS, 4], dtype=tl.int32)
             for c0 in range(0, V, CHUNK):
                 q = c0 // 4 + tl.arange(0, QUADS)
                 cols = q[:, None] * 4 + j
                 s = tl.load(base + cols, mask=cols < V, other=float("-inf"))
                 s = s.to(tl.float32) * inv_t
                 ok = (s > pivot) & (s >= floor) & (cols < V)
-                cm, col = _noisy_argmax(s, q, ok, seed, rnd, noisy, QUADS, FAST)
-                take = cm > best
-                best = tl.where(take, cm, best)
-                at = tl.where(take, col, at)
+                key = _noisy_keys(s, q, ok, seed, rnd, noisy, FAST)
+                take = key > best_v  # strictly: a lane's earlier column wins a tie
+                best_v = tl.where(take, key, best_v)
+                at_v = tl.where(take, cols, at_v)
+            best, at = _first_max(best_v, at_v, V)
         s_at = tl.load(base + at).to(tl.float32) * inv_t
         if (noisy == 0) | (best == float("-inf")):  # -inf: nothing eligible (NaN logits)
             done = 1
@@ -216,15 +221,18 @@ def _sample_kernel(
         elif check == 0:
             done = 1
         else:
-            # pass B: count and mass of the tokens strictly above the draw
-            count = 0
-            mass = 0.0
+            # pass B: count and mass of the tokens strictly above the draw, summed per lane
+            # and reduced once after the loop (a reduction per tile stalls a lone program)
+            count_v = tl.zeros([CHUNK], dtype=tl.int32)
+            mass_v = tl.zeros([CHUNK], dtype=tl.float32)
             for c0 in range(0, V, CHUNK):
                 s = tl.load(base + c0 + offs, mask=c0 + offs < V, other=float("-inf"))
                 s = s.to(tl.float32) * inv_t
                 above = s > s_at
-                count += tl.sum(above.to(tl.int32), axis=0)
-                mass += tl.sum(tl.where(above, tl.exp(s - m), 0.0), axis=0)
+                count_v += above.to(tl.int32)
+                mass_v += tl.where(above, tl.exp(s - m), 0.0)
+            count = tl.sum(count_v, axis=0)
+            mass = tl.sum(mass_v, axis=0)
             if (count < k) & (mass < top_p * z):
                 done = 1
             else:
@@ -286,7 +294,7 @@ def sample_rows(
     cuda = logits.is_cuda
     splits = SPLITS if cuda else INTERPRET_SPLITS
     per_split = triton.cdiv(vocab, splits)
-    # tiles of at least one row of four columns (``_noisy_argmax``)
+    # tiles of at least one row of four columns (``_noisy_keys``)
     chunk0 = max(4, min(CHUNK if cuda else INTERPRET_CHUNK, triton.next_power_of_2(per_split)))
     part = torch.empty((n, splits, 4), dtype=torch.float32, device=logits.device)
     _round0_kernel[(n, splits)](

@@ -68,8 +68,10 @@ class DriverRunner(ModelRunner):
         self.group.send(("update", out))
         super().update_states(out)
 
-    def _sample(self, logits, states, positions, greedy=None, bitmask=None) -> StepHandle:
-        handle = super()._sample(logits, states, positions, greedy, bitmask)
+    def _sample(
+        self, logits, states, positions, greedy=None, bitmask=None, graph_sampled=False
+    ) -> StepHandle:
+        handle = super()._sample(logits, states, positions, greedy, bitmask, graph_sampled)
         if self._prev_sampled is not None:
             if self._prev_sampled.dtype != torch.int64:
                 self._prev_sampled = self._prev_sampled.to(torch.int64)
@@ -84,7 +86,13 @@ class DriverRunner(ModelRunner):
 class WorkerRunner(ModelRunner):
     """Ranks 1..N-1: the same steps, its ids from rank 0 instead of a sampler."""
 
-    def _sample(self, logits, states: list[ReqState], positions, greedy=None, bitmask=None):
+    def _graph_params(self, states, positions):
+        """None: the ids come from rank 0, so this rank's graphs keep the argmax alone."""
+        return None
+
+    def _sample(
+        self, logits, states: list[ReqState], positions, greedy=None, bitmask=None, graph_sampled=False
+    ):
         self._prev_rows = {st.req_id: i for i, st in enumerate(states)}
         if logits is None:  # prefill chunks only: rank 0 sampled nothing either
             self._prev_sampled = None
