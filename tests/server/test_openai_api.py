@@ -155,6 +155,40 @@ def test_echo_logprobs_score_the_prompt(client: Any, tokenizer: Any) -> None:
     assert c.logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:n], abs=1e-5)
 
 
+def test_prompt_logprobs_extension_on_chat_and_completions(
+    server: Server, client: Any, tokenizer: Any
+) -> None:
+    """vLLM's ``prompt_logprobs`` (evaluation harnesses that score chat-formatted prompts):
+    each prompt token after the first has its own entry (logprob, rank, text) and the k most
+    likely; the same scores as completions' echo; with stream it is a 400 naming the field."""
+    status, tok = server.json("POST", "/tokenize", {"model": MODEL, "messages": MSG})
+    assert status == 200
+    ids = tok["tokens"]
+    chat = client.chat.completions.create(model=MODEL, messages=MSG, max_completion_tokens=1,
+                                          temperature=0, extra_body={"prompt_logprobs": 2})  # fmt: skip
+    plp = chat.model_extra["prompt_logprobs"]
+    assert len(plp) == len(ids) and plp[0] is None
+    for tid, entry in zip(ids[1:], plp[1:], strict=True):
+        assert str(tid) in entry and 1 <= len(entry) <= 3  # its own, plus the two likeliest
+        own = entry[str(tid)]
+        assert own["logprob"] <= 0 and own["rank"] >= 1 and isinstance(own["decoded_token"], str)
+        assert sum(e["rank"] <= 2 for e in entry.values()) == 2
+    # completions: the same prompt ids score the same, beside echo's figures
+    cmp = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=0,
+                                    echo=True, logprobs=1, extra_body={"prompt_logprobs": 0})  # fmt: skip
+    c = cmp.choices[0]
+    got = [None if e is None else e[str(t)]["logprob"] for t, e in
+           zip(ids, c.model_extra["prompt_logprobs"], strict=True)]  # fmt: skip
+    assert got[0] is None and all(len(e) == 1 for e in c.model_extra["prompt_logprobs"][1:])
+    assert got[1:] == pytest.approx(c.logprobs.token_logprobs[1 : len(ids)], abs=1e-5)
+    assert got[1:] == pytest.approx([plp[i][str(t)]["logprob"] for i, t in enumerate(ids) if i],
+                                    abs=1e-3)  # fmt: skip
+    for bad in ({"prompt_logprobs": 2, "stream": True}, {"prompt_logprobs": 99}):
+        body = {"model": MODEL, "messages": MSG, "max_tokens": 1, **bad}
+        status, err = server.json("POST", "/v1/chat/completions", body)
+        assert status == 400 and err["error"]["param"] == "prompt_logprobs", err
+
+
 def test_usage_against_tokenizer(server: Server, client: Any, tokenizer: Any) -> None:
     prompt = "Write a haiku about the sea."
     r = client.completions.create(

@@ -102,6 +102,14 @@ class SamplingRequest(OpenAIBaseModel):
     guided_regex: str | None = Field(None, description="structured_outputs.regex")
     guided_choice: list[str] | None = Field(None, description="structured_outputs.choice")
     guided_grammar: str | None = Field(None, description="structured_outputs.grammar")
+    prompt_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="vLLM's extension: each prompt token's logprob and rank, with this many "
+        "most likely alternatives, in the response's prompt_logprobs (the first token's entry "
+        "null). Not with stream.",
+    )
     return_token_ids: bool = Field(
         False,
         description="Add token_ids (and prompt_token_ids) to each choice, as vLLM does; a streamed "
@@ -254,6 +262,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
     system_fingerprint: str
     choices: list[ChatCompletionChoice]
     usage: UsageInfo
+    # with prompt_logprobs: per prompt token (null for the first) {token id: logprob entry}
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None
 
 
 class CompletionLogprobs(OpenAIBaseModel):
@@ -270,6 +280,7 @@ class CompletionChoice(OpenAIBaseModel):
     finish_reason: Literal["stop", "length"] | None = None
     prompt_token_ids: list[int] | None = None  # with return_token_ids (first chunk when streamed)
     token_ids: list[int] | None = None  # with return_token_ids (each chunk's new tokens)
+    prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None  # as the chat response's
 
 
 class CompletionResponse(OpenAIBaseModel):

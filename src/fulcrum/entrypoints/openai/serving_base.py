@@ -203,6 +203,9 @@ class OpenAIServing:
             raise bad_request(
                 "stream_options is only allowed when stream is true.", "stream_options"
             )
+        if req.prompt_logprobs is not None and req.stream:
+            raise bad_request("prompt_logprobs is not available with stream.", "prompt_logprobs")
+        self.check_logprobs(req.prompt_logprobs, "prompt_logprobs")
         vocab = self.engine.vocab_size
         if any(t >= vocab for t in req.stop_token_ids or []):
             raise bad_request(f"stop_token_ids must be in [0, {vocab}).", "stop_token_ids")

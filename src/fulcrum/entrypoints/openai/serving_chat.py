@@ -26,7 +26,7 @@ from fulcrum.entrypoints.openai.serving_base import (
     usage_dict,
 )
 from fulcrum.entrypoints.openai.serving_response import ResponseContext
-from fulcrum.entrypoints.openai.sse import chat_logprobs
+from fulcrum.entrypoints.openai.sse import chat_logprobs, prompt_logprobs_json
 from fulcrum.entrypoints.openai.structured_request import check_tool_schemas, structured_params
 from fulcrum.entrypoints.openai.tool_calls import ToolCalls, ToolStream
 from fulcrum.entrypoints.openai.tool_parsers import get_parser, parser_for_template
@@ -128,7 +128,9 @@ class ServingChat(OpenAIServing):
         requested = req.max_completion_tokens or req.max_tokens
         max_tokens = self.resolve_max_tokens(len(ids), requested, None, "messages")
         top_n = req.top_logprobs or 0
-        params = self.sampling_params(req, max_tokens, top_n if req.logprobs else None, structured)
+        params = self.sampling_params(
+            req, max_tokens, top_n if req.logprobs else None, structured, req.prompt_logprobs
+        )
         self.check_admission(req.n)
         rid = self.new_request_id("chatcmpl")
         gen = self.submit(rid, ids, params, text, arrival, req)
@@ -207,6 +209,13 @@ class _ChatCtx(ResponseContext):
             cache_salt=self.req.cache_salt,
             conversation_id=conversation_id(self.raw, self.req.user),
         )
+
+    def extra(self) -> dict[str, Any]:
+        k = self.req.prompt_logprobs
+        if k is None or self.final is None:
+            return {}
+        entries = self.final.prompt_logprobs
+        return {"prompt_logprobs": prompt_logprobs_json(entries, k, self.s.tokenizer)}
 
     def _logprobs(self, c: CompletionOutput) -> dict[str, Any] | None:
         if not self.req.logprobs:

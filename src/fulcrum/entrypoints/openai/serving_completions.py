@@ -22,7 +22,7 @@ from fulcrum.entrypoints.openai.serving_base import (
     usage_dict,
 )
 from fulcrum.entrypoints.openai.serving_response import ResponseContext
-from fulcrum.entrypoints.openai.sse import completion_logprobs
+from fulcrum.entrypoints.openai.sse import completion_logprobs, prompt_logprobs_json
 from fulcrum.entrypoints.openai.structured_request import structured_params
 
 
@@ -99,8 +99,10 @@ class ServingCompletions(OpenAIServing):
         resolved = [
             self.resolve_max_tokens(len(ids), wanted, 16, "prompt") for _, ids in prompts
         ]
-        # echo + logprobs scores the prompt too (evaluation harnesses read its tokens' logprobs)
-        prompt_lp = req.logprobs if req.echo else None
+        # echo + logprobs scores the prompt too (evaluation harnesses read its tokens' logprobs),
+        # as does vLLM's prompt_logprobs: the engine computes the larger of the two
+        asked = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
+        prompt_lp = max(asked) if asked else None
         params = [
             self.sampling_params(req, m, req.logprobs, structured, prompt_lp) for m in resolved
         ]
@@ -257,5 +259,8 @@ class _CompletionCtx(ResponseContext):
                 if self.with_ids:
                     choice["prompt_token_ids"] = p.ids
                     choice["token_ids"] = list(c.token_ids)
+                if self.req.prompt_logprobs is not None:
+                    k = self.req.prompt_logprobs
+                    choice["prompt_logprobs"] = prompt_logprobs_json(p.prompt_logprobs, k, self.s.tokenizer)
                 choices.append(choice)
         return choices, self._usage()

@@ -85,6 +85,10 @@ class ResponseContext(ABC):
         if not self.logged:
             self.log()
 
+    def extra(self) -> dict[str, Any]:
+        """Top-level fields of the whole response beside the choices and usage."""
+        return {}
+
     def envelope(self, object: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "id": self.rid,
@@ -134,5 +138,5 @@ class ResponseContext(ABC):
             raise
         choices, usage = self.whole()
         self.log()
-        body = {**self.envelope(self.object, choices), "usage": usage}
+        body = {**self.envelope(self.object, choices), "usage": usage, **self.extra()}
         return Response(encode_json(body), media_type="application/json")

@@ -73,6 +73,31 @@ def chat_logprobs(
     return content
 
 
+def prompt_logprobs_json(
+    entries: list[dict[int, TokenLogprob] | None] | None, k: int, tokenizer: Any
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token (None for the first) the token's own
+    logprob, rank and text, and the ``k`` most likely tokens', keyed by token id."""
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for e in entries or []:
+        if e is None:
+            out.append(None)
+            continue
+        own = next(iter(e))  # the prompt token's own entry comes first
+        keep = {tid: lp for tid, lp in e.items() if tid == own or lp.rank <= k}
+        out.append(
+            {
+                str(tid): {
+                    "logprob": _lp(lp.logprob),
+                    "rank": lp.rank,
+                    "decoded_token": _token_text(lp, tid, tokenizer),
+                }
+                for tid, lp in keep.items()
+            }
+        )
+    return out
+
+
 def completion_logprobs(
     token_ids: list[int],
     logprobs: SampleLogprobs | None,
