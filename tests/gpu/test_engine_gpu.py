@@ -161,8 +161,8 @@ def test_no_kernel_compiles_after_start_up(
 
     seen: list[str] = []
 
-    def hook(**kw) -> bool:
-        seen.append(kw["repr"])
+    def hook(**kw) -> bool:  # the name and each argument's specialisation (its key)
+        seen.append(f"{kw['repr'].partition('(')[0]} {kw['key']}")
         return False
 
     llm = _engine(tiny_llama, "bfloat16", eager=False, piecewise=256)
