@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
+import sys
 import time
 
 import torch
@@ -25,6 +27,9 @@ import torch
 from fulcrum.kernels.sample import KEY_STRIDE, pack_params, sample_rows
 from fulcrum.protocol import WireSamplingParams
 from fulcrum.worker.sampler import Sampler, SamplingMetadata, sample_fused
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_h200  # noqa: E402  (the CUDA-graph capture and replay timing it shares)
 
 VOCAB, COPY_BW = 128256, 4.28e12
 CASES = {
@@ -47,23 +52,7 @@ def _time(iters: int, fn, *args) -> float:
 
 def _graph_us(iters: int, fn) -> float:
     """Device time per call of ``fn`` captured in a CUDA graph and replayed ``iters`` times."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compiles and warm-up outside the capture
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters * 1e3
+    return gpu_h200.replay_ms(gpu_h200.capture_graph(fn), iters) * 1e3
 
 
 def device_times(batches: list[int], iters: int) -> None:
