@@ -3,7 +3,8 @@ against cuBLAS, each after the kernel that precedes it in the model (fused add +
 a decode step: a CUDA graph of ``norm → linear`` pairs over enough weight copies (≥ 2 GB) that
 every weight comes from HBM, not L2. Reports µs per pair and the weight's floor at 4.28 TB/s.
 With ``--fp8`` the weights are e4m3 with row scales, against the FP8 layer's GEMM path
-(per-token activation quantization, then ``torch._scaled_mm``).
+(per-token activation quantization, then ``torch._scaled_mm``); one row takes the int32-word
+path, and ``--byte-configs`` adds the byte-by-byte widening beside it.
 
     python benchmarks/gemv_bench.py [--m 1 2 4] [--configs 8,512,4 16,256,4 ...] [--fp8]
 """
@@ -67,12 +68,16 @@ def bench_shape(name: str, args: argparse.Namespace) -> None:
         sw = scales[i].view(1, -1)
         return torch._scaled_mm(q, ws[i].t(), scale_a=s, scale_b=sw, out_dtype=dt)
 
-    def gemv_with(cfg: tuple[int, ...]):
-        return lambda h, i: gemv.gemv(h, ws[i], config=cfg, scale=scales[i], pdl_cfg=pc)
+    def gemv_with(cfg: tuple[int, ...], words: bool = True):
+        return lambda h, i: gemv.gemv(
+            h, ws[i], config=cfg, scale=scales[i], pdl_cfg=pc, fp8_words=words
+        )
 
     variants = {"cublas": scaled_mm if args.fp8 else (lambda h, i: F.linear(h, ws[i]))}
     for c in args.configs:
         variants[f"gemv {c}"] = gemv_with(tuple(int(v) for v in c.split(",")))
+    for c in args.byte_configs if args.fp8 else []:
+        variants[f"gemv bytes {c}"] = gemv_with(tuple(int(v) for v in c.split(",")), False)
     for m in args.m:
         x = torch.randn(m, k, device=dev, dtype=dt)
         res = torch.randn(m, k, device=dev, dtype=dt)
@@ -116,6 +121,13 @@ def main() -> None:
     ap.add_argument("--pdl", type=int, default=1, help="1: the Triton kernels launch with PDL")
     ap.add_argument("--rounds", type=int, default=5, help="timed replays (median)")
     ap.add_argument("--fp8", action="store_true", help="e4m3 weights with one scale per row")
+    ap.add_argument(
+        "--byte-configs",
+        nargs="*",
+        default=[],
+        help="with --fp8: launch configs of the byte-by-byte widening (gemv.fp8_words off) "
+        "beside --configs, which one row runs on the int32-word path",
+    )
     args = ap.parse_args()
     import torch
 

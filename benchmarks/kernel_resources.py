@@ -148,12 +148,15 @@ def report_gemv(
     weight: str, cfg: tuple[int, ...], arch: int, silu: bool = False, rope: bool = False
 ) -> str:
     block_n, block_k, warps = cfg
+    words = weight == "fp8-words"  # the one-row path that reads int32 words of four e4m3
+    weight = "fp8" if words else weight
     w_ty, elem = {"bf16": ("bf16", 2), "fp8": ("fp8e4nv", 1), "fp32": ("fp32", 4)}[weight]
     act = "fp32" if weight == "fp32" else "bf16"
     pointers = dict(x_ptr=f"*{act}", w_ptr=f"*{w_ty}", s_ptr="*fp32", b_ptr=f"*{act}")
     pointers |= dict(out_ptr=f"*{act}")
     const = dict(K=4096, HAS_SCALE=weight == "fp8", HAS_BIAS=False, BLOCK_M=1, PDL=0)
     const |= dict(SILU=silu, ROPE=rope, BLOCK_N=block_n, BLOCK_K=block_k, **gemv_mod._NO_ROPE)
+    const |= dict(WORDS=words, FAST=words)
     if rope:  # the 8B's qkv with a bf16 cache
         pointers |= dict(pos_ptr="*i64", cs_ptr="*fp32", slot_ptr="*i64")
         pointers |= dict(kc_ptr=f"*{act}", vc_ptr=f"*{act}")
@@ -164,7 +167,7 @@ def report_gemv(
     per_sm = REGS_PER_SM // (regs * 32 * warps)
     per_byte = sum(loop.values()) * warps / (block_n * block_k * elem)
     return (
-        f"gemv    w={weight:<4s} silu={int(silu)} rope={int(rope)} bn={block_n:<3d} "
+        f"gemv    w={weight + ('-words' if words else ''):<4s} silu={int(silu)} rope={int(rope)} bn={block_n:<3d} "
         f"bk={block_k:<5d} w={warps}  regs {regs:3d}  "
         f"spill {spill:4d} B  programs/SM {per_sm}  warps/SM {per_sm * warps:2d}\n"
         f"        K loop: {sum(loop.values())} instructions per thread per tile, "
@@ -208,7 +211,12 @@ def main() -> None:
         "--kernel", choices=["decode", "prefill", "gemv", "w4a16"], default="decode",
         help="decode / prefill attention, the batch-1 GEMV, or the W4A16 GEMV (group 128)",
     )
-    p.add_argument("--weight", choices=["bf16", "fp8", "fp32"], default="bf16", help="GEMV weight")
+    p.add_argument(
+        "--weight",
+        choices=["bf16", "fp8", "fp8-words", "fp32"],
+        default="bf16",
+        help="GEMV weight (fp8-words: one row of e4m3 read as int32 words)",
+    )
     p.add_argument(
         "--silu", action="store_true", help="GEMV: SiLU-and-mul in its epilogue (silu_gemv)"
     )

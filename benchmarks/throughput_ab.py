@@ -29,6 +29,9 @@
     nographsample  sampled decode steps drawn by the sort-free sampler launched after the
               decode graph's replay, not inside the graph (sample_in_graph off)
     fp8       the engine with an FP8 KV cache
+    fp8w      FP8 weights (dummy, one scale per row) and an FP8 KV cache, as ``gpu_h200.py
+              --phase fp8w`` (its max_num_seqs of 512 unless --max-num-seqs)
+    fp8wbytes  fp8w with one row's FP8 GEMV widening byte by byte (gemv.fp8_words off)
     int4[swap][dense<N>]  INT4 weights (GPTQ g128, dummy) + FP8 KV cache; ``swap``: the W4A16
               GEMM with swapped operands, ``dense<N>``: from N rows dequantize + cuBLAS
               (kernel_config.int_gemm)
@@ -67,6 +70,7 @@ VARIANT_KERNEL_CONFIG: dict[str, dict] = {
     "nographpatch": {"graph_patch": False},
     "noargmax": {"argmax_kernel": False},
     "nopdl": {"pdl": {"enabled": False}},
+    "fp8wbytes": {"gemv": {"fp8_words": False}},
 }
 
 
@@ -79,6 +83,10 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
     kind, _, cfg = name.partition("@")
     if kind == "fp8":
         engine["kv_cache_dtype"] = "fp8"
+    if kind.startswith("fp8w"):  # FP8 weights + FP8 KV, the engine settings of gpu_h200's phase
+        engine.update(g.FP8W["fp8w"]["engine"])
+        if max_num_seqs:
+            engine["max_num_seqs"] = max_num_seqs
     if cfg:
         import fulcrum.kernels.decode_attention as da
 

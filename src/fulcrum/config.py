@@ -347,11 +347,17 @@ class GemvConfig:
         "takes each group's scale and zero out of its sums; off: the kernel that dequantizes "
         "each weight.",
     )
+    fp8_words: bool = _knob(
+        True,
+        "One row of an FP8 (e4m3) weight is read as 32-bit words of four weights and widened "
+        "a pair per conversion instruction (CUDA); off: Triton's byte-by-byte widening.",
+    )
     launch: dict[str, tuple[int, int, int]] = field(
         default_factory=lambda: parse_gemv_launch(envs.FULCRUM_GEMV_CONFIG.get()),
         hash=False,
         metadata={
-            "doc": "(block_n, block_k, num_warps) per weight kind (bf16, bf16_small, fp8, fp32) "
+            "doc": "(block_n, block_k, num_warps) per weight kind (bf16, bf16_small, fp8, "
+            "fp8_words, fp32) "
             "replacing the tuned launch table.",
             "env": envs.FULCRUM_GEMV_CONFIG.name,
         },

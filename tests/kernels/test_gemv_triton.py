@@ -247,3 +247,61 @@ def test_rope_gemv_matches_gemv_then_rotary_and_cache_write(
     assert not torch.equal(got_cache.view(torch.uint8), cache.view(torch.uint8))  # it wrote
     with pytest.raises(ValueError, match="rope_gemv"):
         rope_gemv(x, w[:-d], pos, cs, got_cache, slots, hq, hkv, config=config)
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "config", "dtype"),
+    [
+        (20, 64, (8, 16, 1), torch.float32),
+        (13, 72, (4, 32, 1), torch.float32),  # ragged rows and K tiles
+        (6, 68, (2, 64, 1), torch.bfloat16),
+    ],
+)
+def test_gemv_fp8_words_match_the_byte_path(n: int, k: int, config, dtype) -> None:
+    """One row of an e4m3 weight read as int32 words of four weights (``_e4m3_words``): the
+    same sums as widening byte by byte, for plain, SiLU and rotary epilogues."""
+    from fulcrum.kernels.activation import silu_and_mul
+    from fulcrum.kernels.gemv import reads_words, silu_gemv
+    from fulcrum.quant.fp8 import quantize_rows
+
+    g = torch.Generator().manual_seed(n + k)
+    x = torch.randn(1, k, generator=g).to(dtype)
+    q, s = quantize_rows(torch.randn(2 * n, k, generator=g) * 0.1)
+    b = torch.randn(2 * n, generator=g).to(dtype)
+    assert reads_words(x, q) and not reads_words(x.expand(2, k), q)
+    assert not reads_words(x[:, 1:], q[:, 1:])  # rows not whole words: the byte path
+    words = gemv(x, q, b, config=config, scale=s)
+    ref = F.linear(x.float(), q.float()) * s + b.float()
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=1 / 64)
+    torch.testing.assert_close(words.float(), ref, **tol)
+    torch.testing.assert_close(words, gemv(x, q, b, config=config, scale=s, fp8_words=False))
+    fused = silu_gemv(x, q, config=config, scale=s)
+    torch.testing.assert_close(fused, silu_and_mul(gemv(x, q, config=config, scale=s)))
+
+
+def test_rope_gemv_fp8_words_match_the_byte_path() -> None:
+    """The qkv projection of an e4m3 weight with rotary and the K/V write in its epilogue:
+    the word path writes the same output and cache as the byte path."""
+    from paged_batch import make_paged_batch
+
+    from fulcrum.kernels.gemv import rope_gemv
+    from fulcrum.quant.fp8 import quantize_rows
+
+    g = torch.Generator().manual_seed(3)
+    (hq, hkv, d), k = (4, 2, 16), 64
+    cache, meta = make_paged_batch([9, 1, 23], [1, 1, 1], hkv, d, 4, generator=g)
+    x = torch.randn(1, k, generator=g)
+    q, s = quantize_rows(torch.randn((hq + 2 * hkv) * d, k, generator=g) * 0.3)
+    pos = torch.tensor([17])
+    inv = 1.0 / 500.0 ** (torch.arange(0, d, 2).float() / d)
+    f = torch.outer(torch.arange(64).float(), inv)
+    cs = torch.cat([f.cos(), f.sin()], -1)
+    outs = []
+    for words in (True, False):
+        c = cache.clone()
+        y = rope_gemv(x, q, pos, cs, c, meta.slot_mapping, hq, hkv, None, (4, 32, 1), s,
+                      fp8_words=words)  # fmt: skip
+        outs.append((y, c))
+    torch.testing.assert_close(outs[0][0], outs[1][0])
+    torch.testing.assert_close(outs[0][1], outs[1][1])
+    assert not torch.equal(outs[0][1], cache)  # the K/V rows were written

@@ -67,3 +67,38 @@ def test_w4a16_kernels_build_for_hopper() -> None:
     out = run_in_subprocess(_W4A16)
     assert "_gemv_kernel" in out and "_gemv1_kernel" in out and "_gemm_kernel" in out
     assert "_dequant_kernel" in out
+
+
+_GEMV_WORDS = """
+import os, sys
+sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks"))
+import kernel_resources as kr
+from fulcrum.kernels import gemv
+
+block_n, block_k, warps = gemv.GPU_CONFIG["fp8_words"]
+ptrs = dict(x_ptr="*bf16", w_ptr="*fp8e4nv", s_ptr="*fp32", b_ptr="*bf16", out_ptr="*bf16")
+const = dict(K=4096, HAS_SCALE=True, HAS_BIAS=False, BLOCK_M=1, PDL=0, SILU=False, ROPE=False,
+             BLOCK_N=block_n, BLOCK_K=block_k, WORDS=True, FAST=True, **gemv._NO_ROPE)
+k = kr._compile(gemv._gemv_kernel, ptrs, const, 90, warps, 1, None)
+_, spill, sass = kr._ptxas(k.asm["ptx"], 90)
+loop = kr.main_loop(sass)
+print("cvt", k.asm["ptx"].count("cvt.rn.f16x2.e4m3x2"), "spill", spill)
+print("weights", block_n * block_k // (32 * warps), "loop", dict(loop))
+"""
+
+
+def test_fp8_gemv_word_path_builds_for_hopper_without_data_movement() -> None:
+    """The one-row FP8 GEMV's word path, compiled to SASS for sm_90: one conversion per pair
+    of weights, one FMA per weight, and no shared-memory round trip in the K loop (x's columns
+    of a word are already in the thread that holds the word)."""
+    import ast
+    import os
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    out = run_in_subprocess(_GEMV_WORDS.replace("os.getcwd()", repr(os.path.abspath(root))))
+    lines = out.splitlines()
+    assert lines[0].split()[1] != "0" and "spill 0" in lines[0], out  # the inline asm is in
+    weights = int(lines[1].split()[1])
+    loop = ast.literal_eval(lines[1].split("loop ", 1)[1])
+    assert loop["F2FP"] == weights // 2 and loop["FFMA"] == weights, loop
+    assert not {"BAR", "LDS", "STS", "STSM", "LDSM"} & set(loop), loop

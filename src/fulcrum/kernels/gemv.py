@@ -50,6 +50,9 @@ GPU_CONFIG: dict[str, tuple[int, ...]] = {
     # measured faster on both.
     "bf16_small": (4, 4096, 4),
     "fp8": (4, 1024, 4),
+    # one row, read as int32 words (``_e4m3_words``): a K tile of 1,024 columns per 128
+    # threads keeps each word's x columns in the thread that holds the word
+    "fp8_words": (8, 1024, 4),
     "fp32": (4, 1024, 4),
 }
 SMALL_N, SMALL_K = 8192, 4096  # "bf16_small": measured on qkv and o_proj only
@@ -99,6 +102,8 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
+    WORDS: tl.constexpr = False,  # one row of an e4m3 weight, read as int32 words
+    FAST: tl.constexpr = False,  # CUDA: the widening in one conversion instruction per pair
 ):
     pid = tl.program_id(0)
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -118,21 +123,43 @@ def _gemv_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     offs_m = tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
-    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
     # Before the wait: the weight is never written during a step.
-    w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k[None, :] < K), other=0.0)
+    if WORDS:  # e4m3 read as 32-bit words of four weights: see _e4m3_words
+        KW: tl.constexpr = BLOCK_K // 4
+        offs_w = tl.max_contiguous(tl.arange(0, KW), 2)
+        w_ptrs = (
+            w_ptr.to(tl.pointer_type(tl.int32))
+            + offs_n.to(tl.int64)[:, None] * (stride_wn // 4)
+            + offs_w[None, :]
+        )
+        w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_w[None, :] < K // 4), other=0)
+    else:
+        KW: tl.constexpr = BLOCK_K
+        w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+        w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k[None, :] < K), other=0.0)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
     pdl.wait(PDL)
     # One row: products summed elementwise, one reduction at the end. Several rows: a reduction
     # per tile (the branch is resolved at compile time).
-    acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N, KW], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        nk = k0 + BLOCK_K + offs_k
-        w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0)
+        if WORDS:
+            nw = (k0 + BLOCK_K) // 4 + offs_w
+            w_next = tl.load(
+                w_ptrs + (k0 + BLOCK_K) // 4, mask=mask_n[:, None] & (nw[None, :] < K // 4), other=0
+            )
+        else:
+            nk = k0 + BLOCK_K + offs_k
+            w_next = tl.load(
+                w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (nk[None, :] < K), other=0.0
+            )
         if BLOCK_M == 1:
             xf = tl.load(x_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
-            acc1 += w.to(tl.float32) * xf[None, :]
+            if WORDS:
+                acc1 = _e4m3_words(w, xf, acc1, KW, FAST)
+            else:
+                acc1 += w.to(tl.float32) * xf[None, :]
         else:
             x = tl.load(x_ptrs + k0, mask=mask_m[:, None] & (k0 + offs_k[None, :] < K), other=0.0)
             acc += tl.sum(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], axis=2)
@@ -160,6 +187,62 @@ def _gemv_kernel(
         mask = mask_m[:, None] & mask_n[None, :]
         dst = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
         tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _widen_e4m3x4(w, FAST: tl.constexpr):
+    """The four e4m3 values of each int32 of ``w`` (byte 0 first) as fp32. With ``FAST``
+    (CUDA, sm_89+) one ``cvt.rn.f16x2.e4m3x2`` per pair and an exact f16 -> f32 move: Triton
+    widens byte by byte, with byte shuffles that cost more than the arithmetic."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b16 l, h;
+            .reg .b32 a, b;
+            .reg .f16 a0, a1, b0, b1;
+            mov.b32 {l, h}, $4;
+            cvt.rn.f16x2.e4m3x2 a, l;
+            cvt.rn.f16x2.e4m3x2 b, h;
+            mov.b32 {a0, a1}, a;
+            mov.b32 {b0, b1}, b;
+            cvt.f32.f16 $0, a0;
+            cvt.f32.f16 $1, a1;
+            cvt.f32.f16 $2, b0;
+            cvt.f32.f16 $3, b1;
+            }""",
+            "=r,=r,=r,=r,r",
+            [w],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        f8 = tl.float8e4nv
+        w0 = (w & 0xFF).to(tl.uint8).to(f8, bitcast=True).to(tl.float32)
+        w1 = ((w >> 8) & 0xFF).to(tl.uint8).to(f8, bitcast=True).to(tl.float32)
+        w2 = ((w >> 16) & 0xFF).to(tl.uint8).to(f8, bitcast=True).to(tl.float32)
+        w3 = ((w >> 24) & 0xFF).to(tl.uint8).to(f8, bitcast=True).to(tl.float32)
+        return w0, w1, w2, w3
+
+
+@triton.jit
+def _e4m3_words(w, xf, acc, KW: tl.constexpr, FAST: tl.constexpr):
+    """``acc[n, j] += sum_i W[n, 4j + i] * x[4j + i]`` for one K tile: ``w`` [BLOCK_N, KW]
+    int32 words of four e4m3 weights, ``xf`` [4 * KW] fp32.
+
+    x's four columns of each word come out of one reshape and two splits, which move no data:
+    x is loaded eight columns per thread and the words two per thread (``max_contiguous`` in
+    the caller), so the thread that holds a word already holds its columns. Per weight: half a
+    conversion, one f16 -> f32 move, one FMA."""
+    xa, xb = tl.split(tl.reshape(xf, [KW, 2, 2]))
+    x0, x2 = tl.split(xa)
+    x1, x3 = tl.split(xb)
+    w0, w1, w2, w3 = _widen_e4m3x4(w, FAST)
+    acc += w0 * x0[None, :]  # one FMA chain per accumulator
+    acc += w1 * x1[None, :]
+    acc += w2 * x2[None, :]
+    acc += w3 * x3[None, :]
+    return acc
 
 
 @triton.jit
@@ -246,9 +329,10 @@ def gemv(
     scale: torch.Tensor | None = None,  # [N] fp32, one per weight row (an FP8 weight's)
     pdl_cfg: PdlConfig = pdl.DEFAULT,
     launch: Mapping[str, tuple[int, int, int]] | None = None,  # GPU_CONFIG entries replaced
+    fp8_words: bool = True,  # one row of an e4m3 weight read as int32 words (``GemvConfig``)
 ) -> torch.Tensor:
     """``(x @ weight.T) * scale + bias`` for a few rows of ``x``, in ``x``'s dtype."""
-    return _launch(x, weight, bias, config, scale, pdl_cfg, launch)
+    return _launch(x, weight, bias, config, scale, pdl_cfg, launch, fp8_words)
 
 
 def silu_gemv(
@@ -259,13 +343,14 @@ def silu_gemv(
     scale: torch.Tensor | None = None,  # [2N]
     pdl_cfg: PdlConfig = pdl.DEFAULT,
     launch: Mapping[str, tuple[int, int, int]] | None = None,
+    fp8_words: bool = True,
 ) -> torch.Tensor:
     """``silu_and_mul(gemv(x, weight, ...))`` -- ``[M, N]`` -- in one kernel: each program
     owns matching gate and up rows and applies the activation to its sums (rounded to x's
     dtype first, as the separate activation kernel sees them). No extra memory traffic."""
     if weight.shape[0] % 2:
         raise ValueError(f"silu_gemv: gate and up rows, got {weight.shape[0]} rows")
-    return _launch(x, weight, bias, config, scale, pdl_cfg, launch, "silu")
+    return _launch(x, weight, bias, config, scale, pdl_cfg, launch, fp8_words, "silu")
 
 
 def rope_gemv(
@@ -282,6 +367,7 @@ def rope_gemv(
     scale: torch.Tensor | None = None,
     pdl_cfg: PdlConfig = pdl.DEFAULT,
     launch: Mapping[str, tuple[int, int, int]] | None = None,
+    fp8_words: bool = True,
 ) -> torch.Tensor:
     """The qkv projection, rotary on its q and k heads and its K/V rows written into the
     paged cache, in one kernel: ``gemv`` then ``kernels/rotary.apply_rotary(..., kv_write=...)``
@@ -312,10 +398,22 @@ def rope_gemv(
             V_TOKEN_MAJOR=v_token_major(kv_cache.dtype),
         ),
     )
-    return _launch(x, weight, bias, config, scale, pdl_cfg, launch, "rope", rope)
+    return _launch(x, weight, bias, config, scale, pdl_cfg, launch, fp8_words, "rope", rope)
 
 
-def _launch(x, weight, bias, config, scale, pdl_cfg, launch, epilogue=None, rope=None):
+def reads_words(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether one row against this weight can take the int32-word path (``_e4m3_words``):
+    an e4m3 weight whose rows are whole 32-bit words."""
+    return (
+        x.shape[0] == 1
+        and weight.dtype == torch.float8_e4m3fn
+        and weight.shape[1] % 4 == 0
+        and weight.stride(0) % 4 == 0
+        and weight.data_ptr() % 4 == 0
+    )
+
+
+def _launch(x, weight, bias, config, scale, pdl_cfg, launch, fp8_words, epilogue=None, rope=None):
     silu = epilogue == "silu"
     m, k = x.shape
     n, k_w = weight.shape
@@ -328,8 +426,9 @@ def _launch(x, weight, bias, config, scale, pdl_cfg, launch, epilogue=None, rope
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
+    words = fp8_words and reads_words(x, weight)
     if config is None:
-        kind = {1: "fp8", 2: "bf16"}.get(weight.element_size(), "fp32")
+        kind = {1: "fp8_words" if words else "fp8", 2: "bf16"}.get(weight.element_size(), "fp32")
         if kind == "bf16" and weight.shape[0] <= SMALL_N and k <= SMALL_K:
             kind = "bf16_small"
         if not x.is_cuda:
@@ -367,6 +466,8 @@ def _launch(x, weight, bias, config, scale, pdl_cfg, launch, epilogue=None, rope
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         PDL=mode,
+        WORDS=words,
+        FAST=words and x.is_cuda,
         num_warps=warps,
         **pdl.launch_options(mode),
     )

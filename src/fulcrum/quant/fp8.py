@@ -91,7 +91,8 @@ class Fp8Linear(Configured, nn.Module):
             if x2.shape[0] <= GEMV_MAX_M and gemv.use_gemv(x2, self.weight, kc.gemv.max_m):
                 scale = self.weight_scale.view(-1)
                 y = gemv.gemv(
-                    x2, self.weight, self.bias, scale=scale, pdl_cfg=kc.pdl, launch=kc.gemv.launch
+                    x2, self.weight, self.bias, scale=scale, pdl_cfg=kc.pdl,
+                    launch=kc.gemv.launch, fp8_words=kc.gemv.fp8_words,
                 )
                 return y.view(*x.shape[:-1], self.out_features)
             q, s = per_token_quant_fp8(x2, kc.pdl)

@@ -85,7 +85,10 @@ def norm_linear(
             from fulcrum.kernels import gemv
 
             weight, bias, scale = operands
-            y = gemv.silu_gemv(x, weight, bias, scale=scale, pdl_cfg=kc.pdl, launch=kc.gemv.launch)
+            g = kc.gemv
+            y = gemv.silu_gemv(
+                x, weight, bias, scale=scale, pdl_cfg=kc.pdl, launch=g.launch, fp8_words=g.fp8_words
+            )
             return y, h
     y = layer(x)
     return (silu_and_mul(y, kc) if silu else y), h
@@ -128,5 +131,6 @@ def norm_linear_rope(
     qkv = gemv.rope_gemv(
         x, weight, rope.positions, cs, rope.kv_cache, rope.slot_mapping, rope.num_heads,
         rope.num_kv_heads, bias=bias, scale=scale, pdl_cfg=kc.pdl, launch=kc.gemv.launch,
+        fp8_words=kc.gemv.fp8_words,
     )  # fmt: skip
     return qkv, h
