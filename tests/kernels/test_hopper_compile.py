@@ -84,13 +84,25 @@ _, spill, sass = kr._ptxas(k.asm["ptx"], 90)
 loop = kr.main_loop(sass)
 print("cvt", k.asm["ptx"].count("cvt.rn.f16x2.e4m3x2"), "spill", spill)
 print("weights", block_n * block_k // (32 * warps), "loop", dict(loop))
+
+from fulcrum.kernels import w4a16_gemv
+block_n, block_k, warps = w4a16_gemv.GEMV1_CONFIG
+ptrs = dict(x_ptr="*bf16", qw_ptr="*i32", z_ptr="*u8", s_ptr="*bf16", m_ptr="*bf16",
+            b_ptr="*bf16", out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
+const = dict(GROUP=128, BITS=4, HAS_MIN=False, HAS_BIAS=False, SPLIT=2, BLOCK_N=block_n,
+             BLOCK_K=block_k, PDL=0, FAST=True)
+k = kr._compile(w4a16_gemv._gemv1_kernel, ptrs, const, 90, warps, 1, None)
+_, spill, sass = kr._ptxas(k.asm["ptx"], 90)
+loop = kr.main_loop(sass)
+print("int4 spill", spill, "weights", block_n * block_k // (32 * warps), "loop", dict(loop))
 """
 
 
-def test_fp8_gemv_word_path_builds_for_hopper_without_data_movement() -> None:
+def test_one_row_fp8_and_int4_gemvs_build_for_hopper_as_designed() -> None:
     """The one-row FP8 GEMV's word path, compiled to SASS for sm_90: one conversion per pair
     of weights, one FMA per weight, and no shared-memory round trip in the K loop (x's columns
-    of a word are already in the thread that holds the word)."""
+    of a word are already in the thread that holds the word). The one-row INT4 GEMV's inline
+    PTX (``_nibbles``): one conversion per weight, half a logic instruction, no spills."""
     import ast
     import os
 
@@ -102,3 +114,7 @@ def test_fp8_gemv_word_path_builds_for_hopper_without_data_movement() -> None:
     loop = ast.literal_eval(lines[1].split("loop ", 1)[1])
     assert loop["F2FP"] == weights // 2 and loop["FFMA"] == weights, loop
     assert not {"BAR", "LDS", "STS", "STSM", "LDSM"} & set(loop), loop
+    words = lines[2].split()
+    assert words[:3] == ["int4", "spill", "0"], out
+    weights, loop = int(words[4]), ast.literal_eval(lines[2].split("loop ", 1)[1])
+    assert loop["HADD2"] == weights and loop["LOP3"] <= weights // 2 + 8, loop

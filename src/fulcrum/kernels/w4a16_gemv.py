@@ -68,28 +68,101 @@ def _gemv_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt
 
 
 @triton.jit
+def _nibbles(w, FAST: tl.constexpr):
+    """The eight 4-bit values of each int32 of ``w`` as fp32 multiples of 2**-24, in the order
+    values 0, 4, 2, 6 (``q * 2**-24``), then 1, 5, 3, 7 (``16 q * 2**-24``): each AND leaves
+    two values as the mantissas of a pair of f16 subnormals, which widen to fp32 exactly. Per
+    weight: half a logic instruction and one conversion, and no offset to subtract (a value
+    OR'd under an exponent, ``int_minus``, needs an add per weight to take it off). With
+    ``FAST`` (CUDA) as inline PTX; elsewhere the same values by integer arithmetic."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 a, b, c, d, s;
+            .reg .f16 a0, a1, b0, b1, c0, c1, d0, d1;
+            and.b32 a, $8, 0x000f000f;
+            and.b32 b, $8, 0x00f000f0;
+            shr.u32 s, $8, 8;
+            and.b32 c, s, 0x000f000f;
+            and.b32 d, s, 0x00f000f0;
+            mov.b32 {a0, a1}, a;
+            mov.b32 {b0, b1}, b;
+            mov.b32 {c0, c1}, c;
+            mov.b32 {d0, d1}, d;
+            cvt.f32.f16 $0, a0;
+            cvt.f32.f16 $1, a1;
+            cvt.f32.f16 $2, c0;
+            cvt.f32.f16 $3, c1;
+            cvt.f32.f16 $4, b0;
+            cvt.f32.f16 $5, b1;
+            cvt.f32.f16 $6, d0;
+            cvt.f32.f16 $7, d1;
+            }""",
+            "=r,=r,=r,=r,=r,=r,=r,=r,r",
+            [w],
+            dtype=(tl.float32,) * 8,
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        u = 5.9604644775390625e-08  # 2**-24
+        return (
+            (w & 0xF).to(tl.float32) * u,
+            ((w >> 16) & 0xF).to(tl.float32) * u,
+            ((w >> 8) & 0xF).to(tl.float32) * u,
+            ((w >> 24) & 0xF).to(tl.float32) * u,
+            (w & 0xF0).to(tl.float32) * u,
+            ((w >> 16) & 0xF0).to(tl.float32) * u,
+            ((w >> 8) & 0xF0).to(tl.float32) * u,
+            ((w >> 24) & 0xF0).to(tl.float32) * u,
+        )
+
+
+@triton.jit
 def _gemv1_tile(acc, lo, x_ptr, z_ptr, s_ptr, m_ptr, k0, offs_n, mask_n, offs_r, stride_z, stride_s,
                 expo, GROUP: tl.constexpr, BITS: tl.constexpr, HAS_MIN: tl.constexpr,
-                BLOCK_N: tl.constexpr, R: tl.constexpr):  # fmt: skip
+                BLOCK_N: tl.constexpr, R: tl.constexpr, FAST: tl.constexpr):  # fmt: skip
     """``acc`` plus one K tile of :func:`_gemv1_kernel`: ``lo`` holds the tile's packed words."""
     PACK: tl.constexpr = 32 // BITS
     HALF: tl.constexpr = PACK // 2
     MASK: tl.constexpr = (1 << BITS) - 1
-    hi = (lo.to(tl.uint32, bitcast=True) >> 16).to(tl.int32, bitcast=True)
-    part = tl.zeros([BLOCK_N], dtype=tl.float32)
     xsum = tl.zeros([R], dtype=tl.float32)
-    for j in tl.static_range(PACK):
-        pos = BITS * (j % HALF)
-        if j < HALF:
-            word = lo
-        else:
-            word = hi
-        e = expo - (pos << 23)  # float bits of 2**(23 - pos)
-        q = ((word & (MASK << pos)) | e).to(tl.float32, bitcast=True)
-        q = q - e.to(tl.float32, bitcast=True)  # exact: the value as a float
-        xj = tl.load(x_ptr + k0 + offs_r * PACK + j).to(tl.float32)
-        part += tl.sum(xj[:, None] * q, axis=0)
-        xsum += xj
+    if BITS == 4:  # see _nibbles: part = 2**24 (pa + pb / 16)
+        v0, v4, v2, v6, v1, v5, v3, v7 = _nibbles(lo, FAST)
+        xr = x_ptr + k0 + offs_r * 8
+        x0 = tl.load(xr).to(tl.float32)
+        x4 = tl.load(xr + 4).to(tl.float32)
+        x2 = tl.load(xr + 2).to(tl.float32)
+        x6 = tl.load(xr + 6).to(tl.float32)
+        x1 = tl.load(xr + 1).to(tl.float32)
+        x5 = tl.load(xr + 5).to(tl.float32)
+        x3 = tl.load(xr + 3).to(tl.float32)
+        x7 = tl.load(xr + 7).to(tl.float32)
+        ta = v0 * x0[:, None]  # one multiply-add chain per weight: no products held apart
+        ta += v4 * x4[:, None]
+        ta += v2 * x2[:, None]
+        ta += v6 * x6[:, None]
+        tb = v1 * x1[:, None]
+        tb += v5 * x5[:, None]
+        tb += v3 * x3[:, None]
+        tb += v7 * x7[:, None]
+        part = (tl.sum(ta, axis=0) + tl.sum(tb, axis=0) * 0.0625) * 16777216.0
+        xsum = ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7))
+    else:
+        hi = (lo.to(tl.uint32, bitcast=True) >> 16).to(tl.int32, bitcast=True)
+        part = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for j in tl.static_range(PACK):
+            pos = BITS * (j % HALF)
+            if j < HALF:
+                word = lo
+            else:
+                word = hi
+            e = expo - (pos << 23)  # float bits of 2**(23 - pos)
+            q = ((word & (MASK << pos)) | e).to(tl.float32, bitcast=True)
+            q = q - e.to(tl.float32, bitcast=True)  # exact: the value as a float
+            xj = tl.load(x_ptr + k0 + offs_r * PACK + j).to(tl.float32)
+            part += tl.sum(xj[:, None] * q, axis=0)
+            xsum += xj
     xs = tl.sum(xsum, axis=0)
     g = k0 // GROUP
     z = tl.load(z_ptr + g * stride_z + offs_n, mask=mask_n, other=0).to(tl.float32)
@@ -104,15 +177,17 @@ def _gemv1_tile(acc, lo, x_ptr, z_ptr, s_ptr, m_ptr, k0, offs_n, mask_n, offs_r,
 def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, K_SPLIT,
                   stride_q, stride_z, stride_s, expo, GROUP: tl.constexpr, BITS: tl.constexpr,
                   HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                  FAST: tl.constexpr = False):  # fmt: skip
     """One row of x. A tile lies inside one group, so its scale and zero come out of the sum:
     ``sum_k x_k (q_k - z) s + m sum_k x_k = s (sum_k x_k q_k - z sum_k x_k) + m sum_k x_k``,
     leaving about four instructions per weight in the compiled loop (mask, exact float, fused
     multiply-add, a share of x's loads) where dequantize-then-multiply takes about nine
     (``benchmarks/kernel_resources.py --kernel w4a16``): the K loop is bound by instructions
     issued per weight byte, not by memory. Each thread holds all rows of its columns' words, so the
-    sum over K stays in registers; the words' values become floats without a conversion
-    instruction (see ``int_minus``): masked in place in the low or high half-word, OR'd with
+    sum over K stays in registers. 4-bit values become floats two per logic instruction as
+    f16 subnormals (``_nibbles``); 8-bit ones without a conversion instruction (see
+    ``int_minus``): masked in place in the low or high half-word, OR'd with
     the exponent that makes their unit 1, minus that power of two. ``expo`` (always
     ``150 << 23``, the bits of 2**23) arrives as an argument so that the exponents stay in
     registers: with both mask and exponent as immediates the compiler spends two logic
@@ -132,11 +207,12 @@ def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cn
     pdl.wait(PDL)
     acc = _gemv1_tile(tl.zeros([BLOCK_N], dtype=tl.float32), lo, x_ptr, z_ptr, s_ptr, m_ptr,
                       k_start, offs_n, mask_n, offs_r, stride_z, stride_s, expo, GROUP, BITS,
-                      HAS_MIN, BLOCK_N, R)  # fmt: skip
+                      HAS_MIN, BLOCK_N, R, FAST)  # fmt: skip
     for k0 in range(k_start + BLOCK_K, k_start + K_SPLIT, BLOCK_K):
         lo = tl.load(w_ptrs + (k0 // PACK) * stride_q, mask=mask_n[None, :], other=0)
         acc = _gemv1_tile(acc, lo, x_ptr, z_ptr, s_ptr, m_ptr, k0, offs_n, mask_n, offs_r,
-                          stride_z, stride_s, expo, GROUP, BITS, HAS_MIN, BLOCK_N, R)  # fmt: skip
+                          stride_z, stride_s, expo, GROUP, BITS, HAS_MIN, BLOCK_N, R,
+                          FAST)  # fmt: skip
     if SPLIT == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -217,7 +293,7 @@ def gemv(
         mode = pdl.mode(x, programs * split, pdl_cfg, early=True)
         _gemv1_kernel[(programs, split)](
             *operands, n, k // split, qweight.stride(0), zeros.stride(0), scales.stride(0),
-            _EXPO, PDL=mode, **common, **pdl.launch_options(mode),
+            _EXPO, PDL=mode, FAST=x.is_cuda, **common, **pdl.launch_options(mode),
         )  # fmt: skip
     else:
         _gemv_kernel[(programs, split)](
