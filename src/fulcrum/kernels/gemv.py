@@ -19,7 +19,9 @@ then wait for ``x``::
 fp32 accumulation of bf16/fp16/fp32 products, like cuBLAS's GEMV; results agree with ``F.linear``
 to the output dtype's rounding. An FP8 (e4m3) weight with one scale per row
 (``quant/fp8.py``) is widened in registers and its scale applied to the sum: half the bytes of
-bf16, and the activations stay unquantized (the FP8 GEMM path quantizes them per token).
+bf16, and the activations stay unquantized (the FP8 GEMM path quantizes them per token). With
+one row, the widening is what bounds the kernel (it issues instructions, not loads): the weight
+is read as int32 words and widened a pair of values per instruction (``_e4m3_words``).
 """
 
 from __future__ import annotations
