@@ -4,9 +4,10 @@ Runs once, before the first step, and does no per-step work::
 
     prepare_runner(runner)
       ├─ determine_num_blocks   the configured size, or (CUDA) profile a maximal step without a
-      │    KV pool: compile-ahead's dry pass first (``_compile_pass``: that step plus the decode
+      │    KV pool: compile-ahead's dry pass first (``compile_pass``: that step plus the decode
       │    graphs' warm-up steps over a one-block scratch cache, their Triton variants compiled
-      │    in one parallel batch), then the real step, whose peak memory sizes the pool
+      │    in one parallel batch), then the real step, whose peak memory sizes the pool; with
+      │    a configured size on CUDA, the same two passes (the prefill kernels compile there)
       ├─ runner.allocate_kv_cache(num_blocks)
       └─ (CUDA, not enforce_eager) capture_graphs: one decode graph per batch bucket (and
            the draft model's, ``draft_graphs.py``);
@@ -59,16 +60,30 @@ def prepare_runner(runner: ModelRunner, agree: Callable[[int], int] | None = Non
 
 def determine_num_blocks(runner: ModelRunner) -> int:
     cc = runner.config.cache_config
-    if cc.num_blocks is not None:
-        return cc.num_blocks
-    if runner.device.type == "cuda" and cc.kv_cache_memory is None:
+    cuda = runner.device.type == "cuda"
+    if cc.num_blocks is None and cuda and cc.kv_cache_memory is None:
         t0 = time.perf_counter()
         blocks = _profile_cuda_blocks(runner)
         runner.timings["kv_profile_s"] = time.perf_counter() - t0
         logger.info("KV profiling took %.2f s", runner.timings["kv_profile_s"])
         return blocks
+    if cuda:  # a size was given: no profiling, but its forward still compiles the prefill kernels
+        _compile_pass_without_profiling(runner)
+    if cc.num_blocks is not None:
+        return cc.num_blocks
     gib = cc.kv_cache_memory if cc.kv_cache_memory is not None else _DEFAULT_CPU_KV_GIB
     return max(2, int(gib * (1 << 30)) // runner.bytes_per_block)
+
+
+@torch.inference_mode()
+def _compile_pass_without_profiling(runner: ModelRunner) -> None:
+    """Profiling's passes where the KV pool's size is given: the kernels only prefill steps
+    launch (decode and piecewise capture never run attention over a prompt) compile now, not
+    at the first request, where they would stall it for as long as compiling takes."""
+    n = runner.config.scheduler_config.max_num_batched_tokens
+    compile_ahead(lambda: compile_pass(runner, n), "start-up", runner.kernel_config.compile_ahead)
+    dummy_forward(runner, n)
+    torch.cuda.synchronize(runner.device)
 
 
 @torch.inference_mode()
