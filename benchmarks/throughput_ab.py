@@ -87,6 +87,11 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         engine.update(g.FP8W["fp8w"]["engine"])
         if max_num_seqs:
             engine["max_num_seqs"] = max_num_seqs
+    setup = g.FP8W.get(
+        "fp8w" if kind.startswith("fp8w") else "int4w" if kind.startswith("int4") else ""
+    )
+    if setup is not None:  # the floors printed: that format's bytes per step
+        g.WEIGHT_BYTES, g.KV_BYTES = setup["weight_bytes"], setup["kv_bytes"]
     if cfg:
         import fulcrum.kernels.decode_attention as da
 
