@@ -84,6 +84,7 @@ def _compile_pass_without_profiling(runner: ModelRunner) -> None:
     compile_ahead(lambda: compile_pass(runner, n), "start-up", runner.kernel_config.compile_ahead)
     dummy_forward(runner, n)
     torch.cuda.synchronize(runner.device)
+    torch.cuda.empty_cache()  # the forward's activations, out of the given pool's way
 
 
 @torch.inference_mode()
