@@ -138,7 +138,7 @@ def _gemv1_tile(acc, lo, x_ptr, z_ptr, s_ptr, m_ptr, k0, offs_n, mask_n, offs_r,
         x5 = tl.load(xr + 5).to(tl.float32)
         x3 = tl.load(xr + 3).to(tl.float32)
         x7 = tl.load(xr + 7).to(tl.float32)
-        ta = v0 * x0[:, None]  # one multiply-add chain per weight: no products held apart
+        ta = v0 * x0[:, None]  # each (row, column) a multiply-add chain: no products held apart
         ta += v4 * x4[:, None]
         ta += v2 * x2[:, None]
         ta += v6 * x6[:, None]
