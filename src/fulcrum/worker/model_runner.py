@@ -334,9 +334,13 @@ class ModelRunner:
         kc, g = self.kernel_config, self.graphs
         if g is None or not (g.sample_in_graph and kc.sample_in_graph and kc.fused_sampler):
             return None
-        if all(st.plain_greedy for st in states):
-            return None
-        if not all(st.plain_greedy or st.fused_sample for st in states):
+        greedy = True  # one pass over the batch: every row greedy, or one out of reach
+        for st in states:
+            if not st.plain_greedy:
+                if not st.fused_sample:
+                    return None
+                greedy = False
+        if greedy:
             return None
         return fused_params([st.params for st in states], [st.index for st in states], positions)
 
