@@ -25,6 +25,7 @@ SYSTEM = "You are a terse assistant for a bicycle repair shop. Answer in one sho
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[OpenAI]:
+    # Picked outside the ephemeral range: Ray's processes take ports from it as they start.
     port = free_port()
     with pytest.MonkeyPatch.context() as mp:
         # Ray's workers inherit this environment: they import fulcrum from this checkout.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -21,9 +22,19 @@ SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port in 20000-32767: above Ray's worker ports (10002-19999) and below the kernel's
+    ephemeral range (32768+), so no process that asks the kernel for a port (Ray's many gRPC
+    servers, any outbound socket) can take it between this check and the server's own bind."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32767")
 
 
 @dataclass
