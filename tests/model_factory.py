@@ -153,7 +153,9 @@ def edited_copy(src: str, dst, **fields) -> str:
     return str(dst)
 
 
-def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+def hf_greedy(
+    model_dir: str, prompts: list[list[int]], max_new_tokens: int, **generate_kwargs
+) -> list[list[int]]:
     """Reference: transformers' greedy generate, one prompt at a time, float32 on CPU."""
     from transformers import AutoModelForCausalLM
 
@@ -168,6 +170,7 @@ def hf_greedy(model_dir: str, prompts: list[list[int]], max_new_tokens: int) -> 
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
                 pad_token_id=0,
+                **generate_kwargs,
             )
         outs.append(out[0, len(p) :].tolist())
     return outs

@@ -86,6 +86,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None
+    # Token id -> bias in [-100, 100] added to that token's logit before sampling (OpenAI's
+    # ``logit_bias``): -100 all but bans a token, +100 all but forces it.
+    logit_bias: dict[int, float] | None = None
     # Filled by the engine: EOS ids of the model (not part of the user surface).
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -98,6 +101,8 @@ class SamplingParams:
             self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
         self._verify()
+        if self.logit_bias is not None:  # an empty map biases nothing: the plain path
+            self.logit_bias = {t: float(b) for t, b in self.logit_bias.items()} or None
         if self.temperature < _GREEDY_EPS:
             # Greedy: the filters are irrelevant; normalise them so batches stay simple.
             self.temperature = 0.0
@@ -143,6 +148,11 @@ class SamplingParams:
             raise bad("stop", "must be non-empty strings.")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers.")
+        for t, b in (self.logit_bias or {}).items():
+            if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                raise bad("logit_bias", f"keys must be non-negative token ids, got {t!r}.")
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
+                raise bad("logit_bias", f"values must be numbers in [-100, 100], got {b!r} for {t}.")
 
     @property
     def greedy(self) -> bool:

@@ -214,6 +214,33 @@ def test_decode_graphs_draw_what_the_sampler_after_them_draws(
     assert all(len(t) == 20 for t in got[True])
 
 
+def test_logit_bias_rows_in_decode_graphs(tiny_llama: str) -> None:
+    """Rows with a ``logit_bias`` among plain greedy and sampled rows: decode graphs that draw
+    sampled rows themselves leave such a batch to the sampler after them, so the tokens equal
+    those with ``sample_in_graph`` off, and a +100 bias forces its token."""
+    prompts = _prompts(8, 320, seed=9)
+    kw = dict(max_tokens=16, ignore_eos=True)
+    params = [
+        SamplingParams(temperature=0, **kw),
+        SamplingParams(temperature=0, logit_bias={t: -3.0 for t in range(40, 120)}, **kw),
+        SamplingParams(temperature=0.9, seed=5, **kw),
+        SamplingParams(temperature=0.9, top_p=0.8, seed=6, logit_bias={200: 100.0}, **kw),
+        SamplingParams(temperature=0, logit_bias={7: 2.0, 9: -100.0}, **kw),
+        SamplingParams(temperature=0.7, seed=8, logit_bias={11: 1.5}, **kw),
+        SamplingParams(temperature=0, **kw),
+        SamplingParams(temperature=0.9, seed=9, **kw),
+    ]
+    got = {}
+    for on in (True, False):
+        llm = _engine(tiny_llama, "float32", eager=False, kernel_config={"sample_in_graph": on})
+        got[on] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert llm.core.runner.graphs.num_replays >= 15
+        del llm
+        gc.collect()
+    assert got[True] == got[False]
+    assert got[True][3] == [200] * 16 and 9 not in got[True][4]
+
+
 def _hf_greedy_top(model_dir: str, prompts: list[list[int]], max_new: int):
     from transformers import AutoModelForCausalLM
 

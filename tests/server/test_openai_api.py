@@ -306,6 +306,22 @@ def test_sampling_extensions_accepted(client: Any) -> None:
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
 
 
+def test_logit_bias_bans_and_forces_tokens(client: Any, tokenizer: Any) -> None:
+    kw = dict(messages=MSG, max_tokens=6, temperature=0)
+    plain = client.chat.completions.create(model=MODEL, **kw).choices[0].message.content
+    first = tokenizer.encode(plain, add_special_tokens=False)[0]
+    banned = client.chat.completions.create(model=MODEL, logit_bias={str(first): -100}, **kw)
+    got = tokenizer.encode(banned.choices[0].message.content, add_special_tokens=False)
+    assert got[0] != first
+    word = tokenizer.encode(" ocean", add_special_tokens=False)
+    assert len(word) == 1
+    forced = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=3, temperature=0.9, seed=1,
+        logit_bias={str(word[0]): 100},
+    )
+    assert forced.choices[0].text == " ocean" * 3
+
+
 def test_prefix_cache_reports_cached_tokens(client: Any) -> None:
     prompt = "Repeat after me: " + "the quick brown fox jumps over the lazy dog. " * 6
     client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import msgspec
+import pytest
 
 from fulcrum.protocol import CORE_FIELDS, EngineCoreRequest, WireSamplingParams, to_wire
 from fulcrum.sampling_params import SamplingParams
@@ -23,7 +24,7 @@ def test_to_wire_round_trips_through_msgpack():
     sp = SamplingParams(
         n=2, temperature=0.7, top_p=0.8, top_k=5, min_p=0.1, presence_penalty=0.5,
         frequency_penalty=-0.5, repetition_penalty=1.2, seed=3, min_tokens=2,
-        stop_token_ids=[9, 4], ignore_eos=True, logprobs=3,
+        stop_token_ids=[9, 4], ignore_eos=True, logprobs=3, logit_bias={7: -100, 12: 2.5},
     )
     wire = to_wire(sp, max_tokens=0)
     assert wire.max_tokens == 1  # resolved by the caller, never below one
@@ -34,3 +35,15 @@ def test_to_wire_round_trips_through_msgpack():
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(req), type=EngineCoreRequest)
     assert back == req and not back.sampling_params.greedy
     assert to_wire(SamplingParams(temperature=0.0), 4).greedy
+
+
+@pytest.mark.parametrize(
+    ("bias", "why"),
+    [({-1: 1.0}, "keys"), ({"7": 1.0}, "keys"), ({True: 1.0}, "keys"), ({7: 100.5}, "values"),
+     ({7: float("nan")}, "values"), ({7: "up"}, "values")],
+)
+def test_logit_bias_is_checked_and_normalised(bias, why):
+    with pytest.raises(ValueError, match=f"logit_bias {why}"):
+        SamplingParams(logit_bias=bias)
+    assert SamplingParams(logit_bias={3: 1}).logit_bias == {3: 1.0}
+    assert SamplingParams(logit_bias={}).logit_bias is None  # nothing to add: the plain path

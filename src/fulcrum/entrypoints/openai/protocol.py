@@ -71,7 +71,11 @@ class SamplingRequest(OpenAIBaseModel):
     model: str | None = Field(None, description="Served model name (see GET /v1/models).")
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = Field(None, description="Not supported; must be empty.")
+    logit_bias: dict[str, float] | None = Field(
+        None,
+        description="Token id (a decimal string) -> bias in [-100, 100] added to that token's "
+        "logit before sampling: -100 all but bans it, 100 all but forces it.",
+    )
     n: int = Field(
         1, ge=1, le=MAX_N, description="Number of choices (the server's --max-n may lower the cap)."
     )

@@ -197,8 +197,7 @@ class OpenAIServing:
     def check_common(self, req: SamplingRequest) -> None:
         if req.n > self.opts.max_n:
             raise bad_request(f"n must be at most {self.opts.max_n}, got {req.n}.", "n")
-        if req.logit_bias:
-            raise bad_request("logit_bias is not supported.", "logit_bias")
+        self.logit_bias(req)
         if req.stream_options is not None and not req.stream:
             raise bad_request(
                 "stream_options is only allowed when stream is true.", "stream_options"
@@ -209,6 +208,25 @@ class OpenAIServing:
         vocab = self.engine.vocab_size
         if any(t >= vocab for t in req.stop_token_ids or []):
             raise bad_request(f"stop_token_ids must be in [0, {vocab}).", "stop_token_ids")
+
+    def logit_bias(self, req: SamplingRequest) -> dict[int, float] | None:
+        """The request's ``logit_bias`` with token ids as ints; 400 naming the entry at fault."""
+        if not req.logit_bias:
+            return None
+        vocab, out = self.engine.vocab_size, {}
+        for key, bias in req.logit_bias.items():
+            tok = int(key) if key.strip().isdecimal() else -1
+            if not 0 <= tok < vocab:
+                raise bad_request(
+                    f"logit_bias: key {key!r} is not a token id in [0, {vocab}).", "logit_bias"
+                )
+            if not -100 <= bias <= 100:
+                raise bad_request(
+                    f"logit_bias: the bias of token {key} must be in [-100, 100], got {bias}.",
+                    "logit_bias",
+                )
+            out[tok] = bias
+        return out
 
     def check_logprobs(self, k: int | None, param: str) -> None:
         if k is not None and k > self.opts.max_logprobs:
@@ -289,6 +307,7 @@ class OpenAIServing:
                 skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 structured_outputs=structured,
+                logit_bias=self.logit_bias(req),
             )
         except ValueError as e:
             raise value_error(e) from None
