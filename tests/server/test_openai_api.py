@@ -301,6 +301,7 @@ def test_sampling_extensions_accepted(client: Any) -> None:
             "repetition_penalty": 1.2,
             "ignore_eos": True,
             "cache_salt": "tenant-a",
+            "priority": -3,
         },
     )
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4

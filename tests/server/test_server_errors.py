@@ -36,6 +36,8 @@ BAD_CHAT = [
     ({"stop": [""]}, "stop"),
     ({"stop": ["x"] * 17}, "stop"),
     ({"seed": 2**64}, "seed"),
+    ({"priority": "high"}, "priority"),
+    ({"priority": 2**64}, "priority"),
     ({"logit_bias": {"five": 1.0}}, "logit_bias"),
     ({"logit_bias": {"-5": 1.0}}, "logit_bias"),
     ({"logit_bias": {"5": 100.5}}, "logit_bias"),

@@ -305,3 +305,44 @@ def test_step_budget_default_follows_the_device(monkeypatch) -> None:
         props = types.SimpleNamespace(total_memory=gib * 2**30)
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _d, p=props: p)
         assert default_max_num_batched_tokens(torch.device("cuda", 0)) == want, gib
+
+
+def test_priority_orders_admission_and_preemption():
+    """Lower priority values are admitted first; when blocks run out the running request with
+    the highest value gives way, though it is the oldest, and finishes last."""
+    sched = _sched(blocks=6, budget=64, seqs=2, bs=4, prefix=False)
+    params = WireSamplingParams(max_tokens=12)
+    sched.add_request(EngineCoreRequest("low", [1] * 7, params, priority=5))
+    out = sched.schedule()
+    sched.update(out, _sampled(out))
+    for rid, prio in (("late", 9), ("top", 0)):
+        sched.add_request(EngineCoreRequest(rid, [2] * 7, params, priority=prio))
+    order, preempted = [], []
+    while sched.has_unfinished():
+        out = sched.schedule()
+        preempted += out.preempted_req_ids
+        order += [r.req_id for r in out.scheduled_new_reqs]
+        order += [f"done {o.request_id}" for o in sched.update(out, _sampled(out)) if o.finish_reason]
+    # 6 blocks of 4 tokens hold one 7 + 12 token sequence and part of another
+    assert order[0] == "top#0" and preempted[0] == "low#0" and "top#0" not in preempted
+    assert order.index("done top") < order.index("done low") < order.index("done late")
+
+
+def test_preempted_request_keeps_its_priority_in_the_queue():
+    """A preempted request goes back to the queue's front among equals only: a waiting
+    request with a lower value is admitted before it."""
+    from fulcrum.scheduler.policy import order_waiting
+
+    sched = _sched(blocks=6, budget=64, seqs=2, bs=4, prefix=False)
+    params = WireSamplingParams(max_tokens=12)
+    sched.add_request(EngineCoreRequest("a", [1] * 7, params, priority=0))
+    sched.add_request(EngineCoreRequest("b", [2] * 7, params, priority=3))
+    out = sched.schedule()
+    sched.update(out, _sampled(out))
+    sched.add_request(EngineCoreRequest("c", [3] * 7, params, priority=1))  # seats are full
+    while not sched.num_preemptions:
+        out = sched.schedule()
+        sched.update(out, _sampled(out))
+    assert [r.key for r in sched.running] == ["a#0"]
+    assert [r.key for r in sched.waiting] == ["b#0", "c#0"]
+    assert [r.key for r in order_waiting(sched.waiting, sched.kv, sched.config)] == ["c#0", "b#0"]

@@ -80,11 +80,15 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; returns one ``RequestOutput`` per prompt, in order.
 
         A prompt is a string, a list of token ids, or a dict with ``prompt`` or
         ``prompt_token_ids`` and optionally ``cache_salt`` (prefix-cache namespace per tenant).
+        ``priority``: one integer per prompt, lower first (default 0 each): the waiting queue
+        admits lower values first, and when the KV cache runs out the highest value is
+        preempted first.
         """
         items = self._normalize(prompts)
         if sampling_params is None:
@@ -98,10 +102,15 @@ class LLM:
             raise ValueError(
                 f"sampling_params: got {len(params)} for {len(items)} prompts; pass one or one each."
             )
+        prios = [0] * len(items) if priority is None else list(priority)
+        if len(prios) != len(items) or not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in prios
+        ):
+            raise ValueError(f"priority: pass one integer per prompt ({len(items)}).")
         order: list[str] = []
         try:
-            for prompt, sp in zip(items, params, strict=True):
-                order.append(self._add(prompt, sp))
+            for prompt, sp, prio in zip(items, params, prios, strict=True):
+                order.append(self._add(prompt, sp, prio))
             return self._run(order, use_tqdm)
         except BaseException:
             self.core.abort_requests(order)
@@ -111,12 +120,14 @@ class LLM:
                 self.core.step()
             raise
 
-    def _add(self, prompt: Prompt, sp: SamplingParams) -> str:
+    def _add(self, prompt: Prompt, sp: SamplingParams, priority: int = 0) -> str:
         text, ids = self._tokenize(prompt)
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         rid = str(next(self._ids))
         wire = to_wire(sp, resolve_max_tokens(sp, len(ids), self.max_model_len))
-        self.core.add_request(EngineCoreRequest(rid, ids, wire, time.time(), cache_salt=salt))
+        self.core.add_request(
+            EngineCoreRequest(rid, ids, wire, time.time(), cache_salt=salt, priority=priority)
+        )
         self.processor.add_request(rid, text, ids, sp, time.time(), stream=False)
         return rid
 

@@ -1,5 +1,6 @@
-"""Order of the waiting queue: ``fcfs`` (priority, then arrival) or ``lpm`` (longest cached
-prefix first, so requests that share a prefix run while it is hot; FCFS past a queue length)."""
+"""Order of the waiting queue: ``fcfs`` (priority, lower first, then preempted requests, then
+arrival) or ``lpm`` (longest cached prefix first, so requests that share a prefix run while it
+is hot; FCFS past a queue length)."""
 
 from __future__ import annotations
 
@@ -21,5 +22,5 @@ def order_waiting(
         rest.sort(key=lambda r: (-match[id(r)], r.priority, r.arrival_time))
         return head + rest
     if any(r.priority for r in waiting):
-        return sorted(waiting, key=lambda r: (-bool(r.num_preemptions), r.priority, r.arrival_time))
+        return sorted(waiting, key=lambda r: (r.priority, -bool(r.num_preemptions), r.arrival_time))
     return list(waiting)

@@ -365,6 +365,10 @@ class Scheduler:
             budget -= num_new
         if admitted:
             self.waiting = deque(r for r in self.waiting if id(r) not in admitted)
+            if any(r.priority for r in self.running):
+                # Lower values first, so a step serves them first and preemption (from the
+                # end) takes the highest value, newest first; all 0: admission order.
+                self.running.sort(key=lambda r: (r.priority, r.arrival_time))
 
     # -- results ------------------------------------------------------------------------------
 

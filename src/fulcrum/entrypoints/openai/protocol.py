@@ -98,6 +98,13 @@ class SamplingRequest(OpenAIBaseModel):
     cache_salt: str | None = Field(
         None, description="Tenant salt: prefix-cache entries are shared only with the same salt."
     )
+    priority: int = Field(
+        0,
+        ge=INT64_MIN,
+        le=INT64_MAX,
+        description="Scheduling priority, lower first: the queue admits lower values first and, "
+        "when the KV cache is full, preempts the highest value first.",
+    )
     structured_outputs: dict[str, Any] | None = Field(
         None,
         description="Exactly one of json (schema), regex, choice, grammar (EBNF), structural_tag.",

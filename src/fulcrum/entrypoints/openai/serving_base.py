@@ -330,6 +330,7 @@ class OpenAIServing:
             arrival_time=arrival,
             cache_salt=req.cache_salt,
             stream=req.stream,
+            priority=req.priority,
         )
 
     def new_request_id(self, prefix: str) -> str:
