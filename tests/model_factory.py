@@ -6,12 +6,14 @@ import torch
 
 
 def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) -> str:
-    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mixtral | qwen3_moe | qwen2_moe | mistral) to ``path``."""
+    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mixtral | qwen3_moe | qwen2_moe | mistral | granite) to ``path``."""
     from transformers import (
         Gemma2Config,
         Gemma2ForCausalLM,
         Gemma3ForCausalLM,
         Gemma3TextConfig,
+        GraniteConfig,
+        GraniteForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
         MistralConfig,
@@ -113,6 +115,15 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
         cls = Qwen2MoeForCausalLM
     elif arch == "mistral":
         cfg, cls = MistralConfig(**common, sliding_window=None), MistralForCausalLM
+    elif arch == "granite":
+        # Scalars away from 1 (the real models': 12, 0.22, 1/128, 8 at larger widths), each of
+        # which changes this model's greedy tokens (logits_scaling only its logprobs), and the
+        # attention bias, which gives o_proj one too.
+        cfg = GraniteConfig(
+            **common, embedding_multiplier=2.0, residual_multiplier=1.5, attention_multiplier=1.2,
+            logits_scaling=0.5, attention_bias=True, tie_word_embeddings=True,
+        )  # fmt: skip
+        cls = GraniteForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
@@ -127,7 +138,7 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
             for name, p in model.named_parameters():
                 if "norm" in name:
                     p.normal_(0, 0.3)
-    if arch in ("qwen2", "qwen2_moe"):  # make the qkv bias matter
+    if arch in ("qwen2", "qwen2_moe", "granite"):  # make the qkv bias matter
         with torch.no_grad():
             for layer in model.model.layers:
                 for proj in (

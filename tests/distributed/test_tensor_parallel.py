@@ -14,7 +14,7 @@ import torch
 
 from fulcrum import LLM, SamplingParams
 from fulcrum.distributed.worker_group import WorkerFailure
-from model_factory import hf_greedy
+from model_factory import edited_copy, hf_greedy
 
 PROMPTS = [
     [1, 5, 9, 33, 2, 7],
@@ -136,9 +136,12 @@ def test_embedded_model_tp3_and_refusals(smollm_dir):
         llm.core.shutdown()
 
 
-def test_unsupported_architecture_and_draft_model_refused(tiny_models):
+def test_unsupported_architecture_and_draft_model_refused(tiny_models, tmp_path):
     with pytest.raises(ValueError, match="MixtralForCausalLM does not support tensor parallelism"):
         LLM(tiny_models["mixtral"], tensor_parallel_size=2, **ENGINE)
+    biased = edited_copy(tiny_models["llama"], tmp_path / "biased", attention_bias=True)
+    with pytest.raises(ValueError, match="attention_bias"):
+        LLM(biased, tensor_parallel_size=2, **ENGINE)
     with pytest.raises(ValueError, match='"draft_model" is not supported with tensor_parallel'):
         LLM(
             tiny_models["llama"],

@@ -95,7 +95,7 @@ def test_embedded_model_order_and_batch_composition(smol_llm, smol_prompts, smol
     assert [got[i] for i in range(len(smol_prompts))] == smol_reference
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "mistral", "granite"])
 def test_tiny_models_match_hf(tiny_models, arch):
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 320) for _ in range(rng.randrange(3, 60))] for _ in range(6)]
@@ -115,3 +115,22 @@ def test_tiny_models_match_hf(tiny_models, arch):
         if kwargs.get("num_kv_blocks"):
             assert llm.stats()["num_preemptions_total"] > 0, kwargs
         llm.core.scheduler.kv.check_integrity()
+
+
+def test_granite_logprobs_carry_its_logit_scaling(tiny_models):
+    """Granite divides its logits by ``logits_scaling`` (greedy cannot tell): the sampled
+    token's logprob equals transformers' at the first and a later step."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_models["granite"]
+    prompt = [7, 93, 250, 31, 8]
+    llm = LLM(path, dtype="float32", device="cpu")
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=3, logprobs=0),
+                       use_tqdm=False)[0].outputs[0]  # fmt: skip
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + out.token_ids[:2]])).logits[0]
+    ref = torch.log_softmax(logits[len(prompt) - 1 :], dim=-1)
+    for i, tok in enumerate(out.token_ids):
+        assert out.logprobs[i][tok].logprob == pytest.approx(ref[i, tok].item(), abs=1e-4)

@@ -40,6 +40,8 @@ def validate_parallel(
             f"{', '.join(TP_ARCHITECTURES)}."
         )
     c = mc.hf_config
+    if getattr(c, "attention_bias", False):  # each rank would add o_proj's bias before the sum
+        raise ValueError(f"{where}: attention_bias (a bias on o_proj) is not supported.")
     heads, kv = int(c.num_attention_heads), mc.num_kv_heads
     if heads % tp:
         raise ValueError(f"{where} does not divide num_attention_heads={heads}.")

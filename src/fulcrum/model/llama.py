@@ -1,4 +1,8 @@
-"""Llama-family decoder (Llama 1-3, Mistral, Qwen2) over a flattened varlen batch and paged KV.
+"""Llama-family decoder (Llama 1-3, Mistral, Qwen2/3, Phi-3, Granite) over a flattened varlen
+batch and paged KV. Granite is Llama with four scalars: the embeddings times
+``embedding_multiplier``, each attention and MLP output times ``residual_multiplier`` before it
+joins the residual stream, ``attention_multiplier`` as the softmax scale, and the logits divided
+by ``logits_scaling``.
 
 Parameter names follow Hugging Face's checkpoints except for two fusions: ``q/k/v_proj`` are one
 ``qkv_proj`` and ``gate/up_proj`` are one ``gate_up_proj``; ``load_weights`` maps the shards.
@@ -46,11 +50,19 @@ class ModelArgs:
     max_position: int
     # Qwen3: an RMSNorm over each head of q and of k, before rotary.
     qk_norm: bool = False
+    # Granite's scalars (1.0 / None elsewhere: no extra operation).
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None  # the softmax scale (None: head_dim ** -0.5)
+    logits_scaling: float = 1.0
+    o_bias: bool = False  # Llama/Granite's attention_bias: o_proj too, not only q/k/v
 
     @classmethod
     def from_hf(cls, c, max_position: int) -> ModelArgs:
         n_heads = c.num_attention_heads
         arch = (getattr(c, "architectures", None) or [""])[0]
+        if getattr(c, "mlp_bias", False):
+            raise ValueError("mlp_bias: MLP projections with biases are not supported.")
         return cls(
             vocab_size=c.vocab_size,
             hidden_size=c.hidden_size,
@@ -64,6 +76,11 @@ class ModelArgs:
             tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
             max_position=max_position,
             qk_norm=arch.startswith("Qwen3"),  # Qwen3 and Qwen3Moe
+            embedding_multiplier=float(getattr(c, "embedding_multiplier", 1.0)),
+            residual_multiplier=float(getattr(c, "residual_multiplier", 1.0)),
+            attention_multiplier=getattr(c, "attention_multiplier", None),
+            logits_scaling=float(getattr(c, "logits_scaling", 1.0)),
+            o_bias=bool(getattr(c, "attention_bias", False)),
         )
 
 
@@ -80,7 +97,7 @@ class Attention(Configured, nn.Module):
         self.q_size, self.kv_size = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
         qkv = self.q_size + 2 * self.kv_size
         self.qkv_proj = _linear(a.hidden_size, qkv, a.qkv_bias, quant)
-        self.o_proj = _linear(self.q_size, a.hidden_size, False, quant)
+        self.o_proj = _linear(self.q_size, a.hidden_size, a.o_bias, quant)
         self.rope = rope
         self.backend = backend
         if a.qk_norm:
@@ -161,15 +178,18 @@ class DecoderLayer(Configured, nn.Module):
 
     def after_attention(self, o, residual):
         """``(output, residual)`` from the attention rows ``o`` (``o_proj``'s input)."""
+        m = self.self_attn.a.residual_multiplier
+        attn = self.self_attn.o_proj(o)
         act, residual = norm_linear(
             self.post_attention_layernorm,
             self.mlp.gate_up_proj,
-            self.self_attn.o_proj(o),
+            attn if m == 1.0 else attn * m,
             residual,
             self.kernel_config,
             silu=True,
         )
-        return self.mlp.down_proj(act), residual
+        out = self.mlp.down_proj(act)
+        return out if m == 1.0 else out * m, residual
 
 
 class LlamaModel(nn.Module):
@@ -182,18 +202,26 @@ class LlamaModel(nn.Module):
         layer_cls: type[nn.Module] = DecoderLayer,  # moe.py: the mixture-of-experts layer
     ) -> None:
         super().__init__()
+        self.a = a
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         rope = RotaryEmbedding(hf_config, a.head_dim, a.max_position)
-        # A sliding layer attends through its own copy of the backend holding its window.
+        # A sliding layer (or one with its own softmax scale) attends through its own copy of
+        # the backend holding its window and scale.
+        scale = a.attention_multiplier
         backends = [
-            backend if w is None else backend.for_layer(backend.scale, w, None)
+            backend if w is None and scale is None
+            else backend.for_layer(backend.scale if scale is None else scale, w, None)
             for w in layer_windows(hf_config, a.max_position)
         ]
         self.layers = nn.ModuleList(layer_cls(a, rope, b, quant) for b in backends)
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
+    def _embed(self, input_ids) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        return x if self.a.embedding_multiplier == 1.0 else x * self.a.embedding_multiplier
+
     def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
+        x, residual = self._embed(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, positions, kv_cache, meta)
         x, _ = self.norm(x, residual)
@@ -209,7 +237,7 @@ class LlamaModel(nn.Module):
         self, i: int, positions, slots, kv_cache=None, input_ids=None, o=None, residual=None
     ):
         if i == 0:
-            x = self.embed_tokens(input_ids)
+            x = self._embed(input_ids)
             return self.layers[0].before_attention(x, None, positions, kv_cache, slots)
         prev = self.layers[i - 1]
         x, residual = prev.after_attention(o.reshape(-1, prev.self_attn.q_size), residual)
@@ -265,7 +293,9 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, kv_caches, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        logits = self.lm_head(hidden)
+        s = self.args.logits_scaling
+        return logits if s == 1.0 else logits / s
 
     # -- weights ------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from fulcrum.model.moe import MixtralForCausalLM
 _MODELS: dict[str, type[nn.Module]] = {
     "Gemma2ForCausalLM": GemmaForCausalLM,
     "Gemma3ForCausalLM": GemmaForCausalLM,  # text only
+    "GraniteForCausalLM": LlamaForCausalLM,  # + embedding/residual/attention/logit scalars
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,  # fused Triton experts on CUDA
