@@ -6,7 +6,7 @@ import torch
 
 
 def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) -> str:
-    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mixtral | qwen3_moe | qwen2_moe | mistral | granite) to ``path``."""
+    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mixtral | qwen3_moe | qwen2_moe | mistral | granite | olmo2) to ``path``."""
     from transformers import (
         Gemma2Config,
         Gemma2ForCausalLM,
@@ -20,6 +20,8 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
         MistralForCausalLM,
         MixtralConfig,
         MixtralForCausalLM,
+        Olmo2Config,
+        Olmo2ForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen2Config,
@@ -124,15 +126,21 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
             logits_scaling=0.5, attention_bias=True, tie_word_embeddings=True,
         )  # fmt: skip
         cls = GraniteForCausalLM
+    elif arch == "olmo2":
+        cfg = Olmo2Config(**common, tie_word_embeddings=False, pad_token_id=0)
+        cls = Olmo2ForCausalLM
     else:
         raise ValueError(arch)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
-    if arch.startswith("qwen3"):  # make the q/k norm weights matter
+    if arch.startswith("qwen3") or arch == "olmo2":  # make the q/k norm weights matter
         with torch.no_grad():
             for layer in model.model.layers:
                 layer.self_attn.q_norm.weight.normal_(1, 0.5)
                 layer.self_attn.k_norm.weight.normal_(1, 0.5)
+                if arch == "olmo2":  # and the norms after each sublayer
+                    layer.post_attention_layernorm.weight.normal_(1, 0.5)
+                    layer.post_feedforward_layernorm.weight.normal_(1, 0.5)
     if arch.startswith("gemma"):  # (1 + weight) norms start at zero weights
         with torch.no_grad():
             for name, p in model.named_parameters():

@@ -95,7 +95,7 @@ def test_embedded_model_order_and_batch_composition(smol_llm, smol_prompts, smol
     assert [got[i] for i in range(len(smol_prompts))] == smol_reference
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "mistral", "granite"])
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "mistral", "granite", "olmo2"])
 def test_tiny_models_match_hf(tiny_models, arch):
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 320) for _ in range(rng.randrange(3, 60))] for _ in range(6)]

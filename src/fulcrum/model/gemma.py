@@ -25,6 +25,7 @@ from fulcrum.config import KernelConfig
 from fulcrum.kernels.dispatch import DEFAULT, Configured
 from fulcrum.kv_cache.sliding_window import SLIDING, layer_types
 from fulcrum.model.layers.rotary import RotaryEmbedding
+from fulcrum.model.layers.stack import HiddenStateStack
 from fulcrum.model.llama import LlamaForCausalLM, ModelArgs, _linear
 from fulcrum.quant.base import QuantMethod
 
@@ -171,7 +172,7 @@ class GemmaDecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(h)
 
 
-class GemmaModel(nn.Module):
+class GemmaModel(HiddenStateStack):
     def __init__(self, a: GemmaArgs, c, backend: AttentionBackend, quant) -> None:
         super().__init__()
         self.a = a
@@ -191,26 +192,6 @@ class GemmaModel(nn.Module):
     def _embed(self, input_ids) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         return x * torch.tensor(self.a.hidden_size**0.5, dtype=x.dtype)
-
-    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
-        x = self._embed(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, kv_cache, meta)
-        return self.norm(x)
-
-    # The forward as segments between attention calls, as LlamaModel.segment lays them out.
-    def segment(
-        self, i: int, positions, slots, kv_cache=None, input_ids=None, o=None, residual=None
-    ):
-        if i == 0:
-            return self.layers[0].before_attention(
-                self._embed(input_ids), positions, kv_cache, slots
-            )
-        prev = self.layers[i - 1]
-        x = prev.after_attention(o.reshape(-1, prev.self_attn.q_size), residual)
-        if i < len(self.layers):
-            return self.layers[i].before_attention(x, positions, kv_cache, slots)
-        return self.norm(x)
 
 
 class GemmaForCausalLM(LlamaForCausalLM):

@@ -7,6 +7,7 @@ from torch import nn
 from fulcrum.model.gemma import GemmaForCausalLM
 from fulcrum.model.llama import LlamaForCausalLM
 from fulcrum.model.moe import MixtralForCausalLM
+from fulcrum.model.olmo2 import Olmo2ForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {
     "Gemma2ForCausalLM": GemmaForCausalLM,
@@ -15,6 +16,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,  # fused Triton experts on CUDA
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,  # norms after each sublayer; q/k normed whole
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen2MoeForCausalLM": MixtralForCausalLM,  # + a shared expert behind a sigmoid gate
     "Phi3ForCausalLM": LlamaForCausalLM,  # checkpoint's qkv/gate_up already fused; LongRoPE
