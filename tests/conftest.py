@@ -41,5 +41,5 @@ def tiny_models(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("tiny")
     return {
         arch: make_tiny_model(str(root / arch), arch, shard=(arch == "llama"))
-        for arch in ("llama", "llama3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "mistral", "granite", "olmo2")
+        for arch in ("llama", "llama3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "mistral", "granite", "olmo2", "smollm3")
     }

@@ -6,7 +6,7 @@ import torch
 
 
 def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) -> str:
-    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mixtral | qwen3_moe | qwen2_moe | mistral | granite | olmo2) to ``path``."""
+    """Save a tiny random model of ``arch`` (llama | llama3 | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | mixtral | qwen3_moe | qwen2_moe | mistral | granite | olmo2 | smollm3) to ``path``."""
     from transformers import (
         Gemma2Config,
         Gemma2ForCausalLM,
@@ -32,6 +32,8 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
         Qwen3ForCausalLM,
         Qwen3MoeConfig,
         Qwen3MoeForCausalLM,
+        SmolLM3Config,
+        SmolLM3ForCausalLM,
     )
 
     common = dict(
@@ -126,6 +128,13 @@ def make_tiny_model(path: str, arch: str, seed: int = 0, shard: bool = False) ->
             logits_scaling=0.5, attention_bias=True, tie_word_embeddings=True,
         )  # fmt: skip
         cls = GraniteForCausalLM
+    elif arch == "smollm3":
+        # three layers, the second without rotary (the real model: every fourth)
+        cfg = SmolLM3Config(
+            **{**common, "num_hidden_layers": 3}, no_rope_layers=[1, 0, 1],
+            tie_word_embeddings=True, pad_token_id=0,
+        )  # fmt: skip
+        cls = SmolLM3ForCausalLM
     elif arch == "olmo2":
         cfg = Olmo2Config(**common, tie_word_embeddings=False, pad_token_id=0)
         cls = Olmo2ForCausalLM

@@ -1,4 +1,4 @@
-"""Granite and OLMo 2 on CUDA: tiny random models in bf16 (decode graphs, the piecewise prefill
+"""Granite, OLMo 2 and SmolLM3 on CUDA: tiny random models in bf16 (decode graphs, the piecewise prefill
 graphs, the Triton kernels) against transformers by the top-5 rule."""
 
 from __future__ import annotations
@@ -20,6 +20,6 @@ from model_factory import make_tiny_model  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("arch", ["granite", "olmo2"])
+@pytest.mark.parametrize("arch", ["granite", "olmo2", "smollm3"])
 def test_arch_matches_hf_on_cuda(tmp_path, arch: str) -> None:
     _check_against_hf(make_tiny_model(str(tmp_path / arch), arch), _prompts(8, 320), 32)

@@ -53,3 +53,12 @@ def test_gemma3_12b_layer_pattern_and_rotary():
     glob, _ = compute_inv_freq(_RopeView(cfg, _rope_params(cfg, FULL, True)), 256)
     assert abs(local[1] - 10000.0 ** (-2 / 256)) < 1e-9  # the local base, unscaled
     assert abs(glob[1] - 1e6 ** (-2 / 256) / 8.0) < 1e-12  # the global base, linear / 8
+
+
+def test_smollm3_3b_leaves_rotary_out_of_every_fourth_layer():
+    from fulcrum.kv_cache.sliding_window import layer_types, rope_layers
+
+    cfg = load_hf_config(os.path.join(CONFIGS_DIR, "smollm3-3b.json"))
+    flags = rope_layers(cfg)
+    assert len(flags) == 36 and [i for i, f in enumerate(flags) if not f] == list(range(3, 36, 4))
+    assert set(layer_types(cfg)) == {FULL}

@@ -95,7 +95,7 @@ def test_embedded_model_order_and_batch_composition(smol_llm, smol_prompts, smol
     assert [got[i] for i in range(len(smol_prompts))] == smol_reference
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "mistral", "granite", "olmo2"])
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "mistral", "granite", "olmo2", "smollm3"])
 def test_tiny_models_match_hf(tiny_models, arch):
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 320) for _ in range(rng.randrange(3, 60))] for _ in range(6)]
@@ -134,3 +134,19 @@ def test_granite_logprobs_carry_its_logit_scaling(tiny_models):
     ref = torch.log_softmax(logits[len(prompt) - 1 :], dim=-1)
     for i, tok in enumerate(out.token_ids):
         assert out.logprobs[i][tok].logprob == pytest.approx(ref[i, tok].item(), abs=1e-4)
+
+
+def test_smollm3_window_on_its_nope_layers(tiny_models, tmp_path):
+    """SmolLM3 with ``use_sliding_window``: the window applies to the layers without rotary
+    only, which both sides derive from ``no_rope_layers`` (the saved ``layer_types`` dropped)."""
+    from model_factory import edited_copy
+
+    path = edited_copy(tiny_models["smollm3"], tmp_path / "w", use_sliding_window=True,
+                       sliding_window=8, layer_types=None)  # fmt: skip
+    rng = random.Random(4)
+    prompts = [[rng.randrange(3, 320) for _ in range(rng.randrange(20, 60))] for _ in range(4)]
+    ref = hf_greedy(path, prompts, 16)
+    assert ref != hf_greedy(tiny_models["smollm3"], prompts, 16)  # the window matters
+    llm = LLM(path, dtype="float32", device="cpu")
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == ref

@@ -18,6 +18,23 @@ from __future__ import annotations
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 
+def rope_layers(c) -> list[bool]:
+    """Whether each layer applies rotary: all but SmolLM3's NoPE layers (``no_rope_layers``, 0
+    for none; derived as transformers does, every ``no_rope_layer_interval``-th layer, where a
+    hand-written config leaves the list out)."""
+    n = c.num_hidden_layers
+    flags = getattr(c, "no_rope_layers", None)
+    arch = (getattr(c, "architectures", None) or [""])[0]
+    if flags is None and arch.startswith("SmolLM3"):
+        every = getattr(c, "no_rope_layer_interval", 4)
+        flags = [int((i + 1) % every != 0) for i in range(n)]
+    if flags is None:
+        return [True] * n
+    if len(flags) != n:
+        raise ValueError(f"no_rope_layers: expected {n} entries (one per layer), got {len(flags)}.")
+    return [bool(f) for f in flags]
+
+
 def layer_types(c) -> list[str]:
     """Each layer's attention type (``SLIDING`` or ``FULL``) as transformers runs the config."""
     n = c.num_hidden_layers
@@ -32,6 +49,8 @@ def layer_types(c) -> list[str]:
         last = getattr(c, "max_window_layers", 28)
         if arch.startswith("Qwen2Moe"):
             sliding = [on and i % 2 == 0 and i < last for i in range(n)]
+        elif arch.startswith("SmolLM3"):  # the window only where rotary is left out
+            sliding = [on and not r for r in rope_layers(c)]
         elif arch.startswith(("Qwen2", "Qwen3")) and not arch.startswith("Qwen3Moe"):
             sliding = [on and i >= last for i in range(n)]
         else:  # Mistral, Phi-3, Mixtral, Qwen3-MoE: every layer

@@ -1,5 +1,6 @@
-"""Llama-family decoder (Llama 1-3, Mistral, Qwen2/3, Phi-3, Granite) over a flattened varlen
-batch and paged KV. Granite is Llama with four scalars: the embeddings times
+"""Llama-family decoder (Llama 1-3, Mistral, Qwen2/3, Phi-3, Granite, SmolLM3) over a flattened
+varlen batch and paged KV. SmolLM3 leaves rotary out of the layers ``no_rope_layers`` marks 0
+(every fourth). Granite is Llama with four scalars: the embeddings times
 ``embedding_multiplier``, each attention and MLP output times ``residual_multiplier`` before it
 joins the residual stream, ``attention_multiplier`` as the softmax scale, and the logits divided
 by ``logits_scaling``.
@@ -21,7 +22,7 @@ from fulcrum.config import KernelConfig
 from fulcrum.distributed.layers import local_args, parallelize
 from fulcrum.distributed.parallel_state import tp_size
 from fulcrum.kernels.dispatch import DEFAULT, Configured, set_kernel_config
-from fulcrum.kv_cache.sliding_window import layer_windows
+from fulcrum.kv_cache.sliding_window import layer_windows, rope_layers
 from fulcrum.model.layers.activation import silu_and_mul
 from fulcrum.model.layers.linear import Linear, RopeKV, norm_linear, norm_linear_rope
 from fulcrum.model.layers.norm import RMSNorm
@@ -88,7 +89,7 @@ class Attention(Configured, nn.Module):
     def __init__(
         self,
         a: ModelArgs,
-        rope: RotaryEmbedding,
+        rope: RotaryEmbedding | None,  # None: this layer applies no rotary
         backend: AttentionBackend,
         quant: QuantMethod | None = None,
     ) -> None:
@@ -114,7 +115,7 @@ class Attention(Configured, nn.Module):
         a = self.a
         fused = None
         # The one-row kernel applies rotary straight after the GEMV: no room for q/k norms.
-        if x.shape[0] == 1 and not a.qk_norm:  # a one-row decode step
+        if x.shape[0] == 1 and not a.qk_norm and self.rope is not None:  # a one-row decode step
             rope = RopeKV(
                 positions, getattr(self.rope, "cos_sin_cache", None), kv_cache, slot_mapping,
                 a.num_heads, a.num_kv_heads, a.head_dim,
@@ -127,7 +128,9 @@ class Attention(Configured, nn.Module):
         v = v.view(-1, a.num_kv_heads, a.head_dim)
         if a.qk_norm:
             q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
-        if fused is None:
+        if fused is None and self.rope is None:  # a layer without rotary (SmolLM3's NoPE)
+            self.backend.write_kv(k, v, kv_cache, slot_mapping)
+        elif fused is None:
             q, k = self.backend.rope_and_write_kv(
                 self.rope, positions, q, k, v, kv_cache, slot_mapping
             )
@@ -152,7 +155,7 @@ class DecoderLayer(Configured, nn.Module):
     def __init__(
         self,
         a: ModelArgs,
-        rope: RotaryEmbedding,
+        rope: RotaryEmbedding | None,
         backend: AttentionBackend,
         quant: QuantMethod | None = None,
     ) -> None:
@@ -213,7 +216,10 @@ class LlamaModel(nn.Module):
             else backend.for_layer(backend.scale if scale is None else scale, w, None)
             for w in layer_windows(hf_config, a.max_position)
         ]
-        self.layers = nn.ModuleList(layer_cls(a, rope, b, quant) for b in backends)
+        self.layers = nn.ModuleList(
+            layer_cls(a, rope if r else None, b, quant)
+            for r, b in zip(rope_layers(hf_config), backends, strict=True)
+        )
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
     def _embed(self, input_ids) -> torch.Tensor:

@@ -22,6 +22,7 @@ _MODELS: dict[str, type[nn.Module]] = {
     "Phi3ForCausalLM": LlamaForCausalLM,  # checkpoint's qkv/gate_up already fused; LongRoPE
     "Qwen3MoeForCausalLM": MixtralForCausalLM,  # + per-head q/k RMSNorm
     "Qwen3ForCausalLM": LlamaForCausalLM,  # + per-head q/k RMSNorm (ModelArgs.qk_norm)
+    "SmolLM3ForCausalLM": LlamaForCausalLM,  # rotary left out of every fourth layer
 }
 
 
