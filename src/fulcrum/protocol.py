@@ -23,7 +23,7 @@ from fulcrum.sampling_params import SamplingParams
 CORE_FIELDS = (
     "n temperature top_p top_k min_p presence_penalty frequency_penalty repetition_penalty seed "
     "max_tokens min_tokens stop_token_ids ignore_eos logprobs prompt_logprobs all_stop_token_ids "
-    "structured_outputs logit_bias"
+    "structured_outputs logit_bias allowed_token_ids"
 ).split()
 _WIRE_TYPES: dict[str, tuple[Any, Any]] = {
     "max_tokens": (int, 16),

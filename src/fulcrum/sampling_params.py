@@ -89,6 +89,9 @@ class SamplingParams:
     # Token id -> bias in [-100, 100] added to that token's logit before sampling (OpenAI's
     # ``logit_bias``): -100 all but bans a token, +100 all but forces it.
     logit_bias: dict[int, float] | None = None
+    # The only token ids that may be drawn (vLLM's ``allowed_token_ids``): classification,
+    # multiple choice. EOS ends the sequence only if listed.
+    allowed_token_ids: list[int] | None = None
     # Filled by the engine: EOS ids of the model (not part of the user surface).
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -101,6 +104,8 @@ class SamplingParams:
             self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
         self._verify()
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
         if self.logit_bias is not None:  # an empty map biases nothing: the plain path
             self.logit_bias = {t: float(b) for t, b in self.logit_bias.items()} or None
         if self.temperature < _GREEDY_EPS:
@@ -148,6 +153,11 @@ class SamplingParams:
             raise bad("stop", "must be non-empty strings.")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers.")
+        allowed = self.allowed_token_ids
+        if allowed is not None and (
+            not allowed or any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in allowed)
+        ):
+            raise bad("allowed_token_ids", "must be a non-empty list of non-negative token ids.")
         for t, b in (self.logit_bias or {}).items():
             if not isinstance(t, int) or isinstance(t, bool) or t < 0:
                 raise bad("logit_bias", f"keys must be non-negative token ids, got {t!r}.")

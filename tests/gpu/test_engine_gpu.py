@@ -215,7 +215,7 @@ def test_decode_graphs_draw_what_the_sampler_after_them_draws(
 
 
 def test_logit_bias_rows_in_decode_graphs(tiny_llama: str) -> None:
-    """Rows with a ``logit_bias`` among plain greedy and sampled rows: decode graphs that draw
+    """Rows with a ``logit_bias`` (or ``allowed_token_ids``) among plain greedy and sampled rows: decode graphs that draw
     sampled rows themselves leave such a batch to the sampler after them, so the tokens equal
     those with ``sample_in_graph`` off, and a +100 bias forces its token."""
     prompts = _prompts(8, 320, seed=9)
@@ -226,7 +226,8 @@ def test_logit_bias_rows_in_decode_graphs(tiny_llama: str) -> None:
         SamplingParams(temperature=0.9, seed=5, **kw),
         SamplingParams(temperature=0.9, top_p=0.8, seed=6, logit_bias={200: 100.0}, **kw),
         SamplingParams(temperature=0, logit_bias={7: 2.0, 9: -100.0}, **kw),
-        SamplingParams(temperature=0.7, seed=8, logit_bias={11: 1.5}, **kw),
+        SamplingParams(temperature=0.7, seed=8, logit_bias={11: 1.5}, allowed_token_ids=[11, 12, 13],
+                       **kw),
         SamplingParams(temperature=0, **kw),
         SamplingParams(temperature=0.9, seed=9, **kw),
     ]
@@ -239,6 +240,7 @@ def test_logit_bias_rows_in_decode_graphs(tiny_llama: str) -> None:
         gc.collect()
     assert got[True] == got[False]
     assert got[True][3] == [200] * 16 and 9 not in got[True][4]
+    assert set(got[True][5]) <= {11, 12, 13}
 
 
 def _hf_greedy_top(model_dir: str, prompts: list[list[int]], max_new: int):

@@ -307,7 +307,7 @@ def test_sampling_extensions_accepted(client: Any) -> None:
     assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
 
 
-def test_logit_bias_bans_and_forces_tokens(client: Any, tokenizer: Any) -> None:
+def test_logit_bias_and_allowed_token_ids(client: Any, tokenizer: Any) -> None:
     kw = dict(messages=MSG, max_tokens=6, temperature=0)
     plain = client.chat.completions.create(model=MODEL, **kw).choices[0].message.content
     first = tokenizer.encode(plain, add_special_tokens=False)[0]
@@ -321,6 +321,11 @@ def test_logit_bias_bans_and_forces_tokens(client: Any, tokenizer: Any) -> None:
         logit_bias={str(word[0]): 100},
     )
     assert forced.choices[0].text == " ocean" * 3
+    only = client.completions.create(
+        model=MODEL, prompt="Hello", max_tokens=3, temperature=1.0, seed=2,
+        extra_body={"allowed_token_ids": [word[0]]},
+    )
+    assert only.choices[0].text == " ocean" * 3
 
 
 def test_prefix_cache_reports_cached_tokens(client: Any) -> None:

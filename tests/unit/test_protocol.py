@@ -25,6 +25,7 @@ def test_to_wire_round_trips_through_msgpack():
         n=2, temperature=0.7, top_p=0.8, top_k=5, min_p=0.1, presence_penalty=0.5,
         frequency_penalty=-0.5, repetition_penalty=1.2, seed=3, min_tokens=2,
         stop_token_ids=[9, 4], ignore_eos=True, logprobs=3, logit_bias={7: -100, 12: 2.5},
+        allowed_token_ids=[3, 7, 12],
     )
     wire = to_wire(sp, max_tokens=0)
     assert wire.max_tokens == 1  # resolved by the caller, never below one

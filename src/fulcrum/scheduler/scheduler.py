@@ -101,11 +101,12 @@ class Scheduler:
             )
         if sp.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {sp.max_tokens}.")
-        bad = [t for t in sp.logit_bias or () if t >= self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})."
-            )
+        for name, ids in (("logit_bias", sp.logit_bias), ("allowed_token_ids", sp.allowed_token_ids)):
+            bad = [t for t in ids or () if t >= self.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"{name}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})."
+                )
         sp.all_stop_token_ids = sorted(self.eos_token_ids)
         grammar = None
         if sp.structured_outputs is not None:

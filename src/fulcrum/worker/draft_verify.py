@@ -17,7 +17,7 @@ import torch
 from fulcrum.spec_decode.batch_rejection import rejection_sample_batch
 from fulcrum.structured.apply import apply_bitmask
 from fulcrum.worker.input_batch import ReqState
-from fulcrum.worker.logit_bias import apply_logit_bias
+from fulcrum.worker.logit_edits import apply_logit_edits
 from fulcrum.worker.sampler import (
     Sampler,
     SamplingMetadata,
@@ -90,7 +90,7 @@ def verify_step(
     dev = logits.device
     if bitmask is not None:
         logits = apply_bitmask(logits, bitmask)
-    logits = apply_logit_bias(logits, [st.bias for st in rows_states])
+    logits = apply_logit_edits(logits, [st.edits for st in rows_states])
     meta = sampling.metadata(rows_states)
     n, k = len(num_guesses), max(num_guesses)
     starts = np.concatenate([[0], np.cumsum(np.asarray(num_guesses) + 1)[:-1]])

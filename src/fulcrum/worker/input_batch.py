@@ -19,7 +19,7 @@ import torch
 from fulcrum.protocol import WireSamplingParams
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.worker.host_staging import HostStaging
-from fulcrum.worker.logit_bias import bias_arrays
+from fulcrum.worker.logit_edits import LogitEdits, logit_edits
 from fulcrum.worker.sampler import fused_sampling, plain_greedy
 
 
@@ -39,7 +39,7 @@ class ReqState:
     plain_greedy: bool
     fused_sample: bool  # the sort-free sampler serves it (``sampler.fused_sampling``)
     generator: torch.Generator | None = None  # seeded sorting-sampler draws (made on first use)
-    bias: tuple[np.ndarray, np.ndarray] | None = None  # logit_bias as (ids, values)
+    edits: LogitEdits | None = None  # logit_bias, allowed_token_ids (``worker/logit_edits.py``)
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -110,7 +110,7 @@ class InputBuilder:
             st = ReqState(
                 new.req_id, new.index, p, new.prompt_token_ids,
                 new.prompt_token_ids + new.output_token_ids, row, 0,
-                plain_greedy(p), fused_sampling(p), bias=bias_arrays(p),
+                plain_greedy(p), fused_sampling(p), edits=logit_edits(p),
             )
             st.append_blocks(new.block_ids)
             old = held.get(new.req_id)

@@ -336,7 +336,7 @@ class ModelRunner:
             return None
         greedy = True  # one pass over the batch: every row greedy, or one out of reach
         for st in states:
-            if st.bias is not None:  # the graph's sampler adds no logit_bias
+            if st.edits is not None:  # the graph's sampler edits no logits
                 return None
             if not st.plain_greedy:
                 if not st.fused_sample:

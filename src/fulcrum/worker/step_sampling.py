@@ -1,6 +1,6 @@
 """A step's logits to sampled ids on their way to the host, without waiting on the device::
 
-    logits ─► (grammar bitmask, logit_bias)
+    logits ─► (grammar bitmask, logit_bias, allowed_token_ids)
            ─► the decode graph sampled every row itself (``DecodeGraphs.sample_in_graph``):
               its ids
            ─► every row plain greedy: argmax (the decode graph's own, when it ran one)
@@ -26,7 +26,7 @@ from fulcrum.kernels.dispatch import use_triton
 from fulcrum.protocol import Logprobs, WireSamplingParams
 from fulcrum.structured.apply import apply_bitmask
 from fulcrum.worker.input_batch import ReqState
-from fulcrum.worker.logit_bias import apply_logit_bias
+from fulcrum.worker.logit_edits import apply_logit_edits
 from fulcrum.worker.sampler import Sampler, SamplingMetadata, greedy_argmax, sample_fused
 
 
@@ -69,16 +69,16 @@ class StepSampler:
         ``positions``: each row's sampled token's position; ``greedy``: a decode graph's ids,
         its argmax of every row, or with ``graph_sampled`` every row's draw; ``bitmask``:
         structured output's allowed tokens per row, applied to the logits first (then each row's
-        ``logit_bias``)."""
+        ``logit_bias`` and ``allowed_token_ids``)."""
         if logits is None:  # prefill chunks only
             return StepHandle(torch.empty(0, dtype=torch.int64), None, []), None
         if bitmask is not None:
             logits = apply_bitmask(logits, bitmask)
             greedy = None  # a decode graph's argmax saw the unmasked logits
-        if any(st.bias is not None for st in states):
-            assert not graph_sampled, "a decode graph drew rows that carry a logit_bias"
-            logits = apply_logit_bias(logits, [st.bias for st in states])
-            greedy = None  # nor the bias
+        if any(st.edits is not None for st in states):
+            assert not graph_sampled, "a decode graph drew rows whose logits are edited"
+            logits = apply_logit_edits(logits, [st.edits for st in states])
+            greedy = None  # nor the edits
         extra: list[torch.Tensor] = []
         kc = self.kernel_config
         if graph_sampled and greedy is not None:

@@ -98,6 +98,9 @@ class SamplingRequest(OpenAIBaseModel):
     cache_salt: str | None = Field(
         None, description="Tenant salt: prefix-cache entries are shared only with the same salt."
     )
+    allowed_token_ids: list[TokenId] | None = Field(
+        None, description="The only token ids that may be generated (vLLM's extension)."
+    )
     priority: int = Field(
         0,
         ge=INT64_MIN,

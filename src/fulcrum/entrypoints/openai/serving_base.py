@@ -198,6 +198,10 @@ class OpenAIServing:
         if req.n > self.opts.max_n:
             raise bad_request(f"n must be at most {self.opts.max_n}, got {req.n}.", "n")
         self.logit_bias(req)
+        if req.allowed_token_ids is not None:
+            if not req.allowed_token_ids:
+                raise bad_request("allowed_token_ids must not be empty.", "allowed_token_ids")
+            self.check_token_ids(req.allowed_token_ids, "allowed_token_ids")
         if req.stream_options is not None and not req.stream:
             raise bad_request(
                 "stream_options is only allowed when stream is true.", "stream_options"
@@ -308,6 +312,7 @@ class OpenAIServing:
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 structured_outputs=structured,
                 logit_bias=self.logit_bias(req),
+                allowed_token_ids=req.allowed_token_ids,
             )
         except ValueError as e:
             raise value_error(e) from None

@@ -1,7 +1,8 @@
-"""``logit_bias`` through the engine (tiny Llama, CPU float32): greedy tokens equal transformers'
-generate under the same bias (its ``sequence_bias``), batched with unbiased requests; a +100
-bias forces its token under every sampler; speculative decoding (n-gram guesses, a draft model)
-keeps the biased greedy tokens."""
+"""``logit_bias`` and ``allowed_token_ids`` through the engine (tiny Llama, CPU float32): greedy
+tokens equal transformers' generate under the same edits (its ``sequence_bias`` and
+``prefix_allowed_tokens_fn``), batched with plain requests; a +100 bias forces its token and an
+allowed list holds every draw under every sampler; speculative decoding (n-gram guesses, a
+draft model) keeps the edited greedy tokens."""
 
 from __future__ import annotations
 
@@ -81,3 +82,41 @@ def test_out_of_vocabulary_id_is_rejected(tiny_models):
     llm = LLM(tiny_models["llama"], **KW)
     with pytest.raises(ValueError, match="logit_bias: token id 320 is outside"):
         llm.generate([[5, 6, 7]], SamplingParams(logit_bias={320: 1.0}), use_tqdm=False)
+    with pytest.raises(ValueError, match="allowed_token_ids: token id 400 is outside"):
+        llm.generate([[5, 6, 7]], SamplingParams(allowed_token_ids=[3, 400]), use_tqdm=False)
+    with pytest.raises(ValueError, match="allowed_token_ids"):
+        SamplingParams(allowed_token_ids=[])
+
+
+ALLOWED = [11, 40, 41, 97, 150, 151, 152, 300]
+
+
+def test_allowed_token_ids_greedy_matches_transformers(tiny_models, case):
+    prompts = case[0][:4]
+    ref = [
+        hf_greedy(tiny_models["llama"], [p], MAX_NEW,
+                  prefix_allowed_tokens_fn=lambda batch, ids: ALLOWED)[0]  # fmt: skip
+        if i % 2 else plain
+        for i, (p, plain) in enumerate(zip(prompts, hf_greedy(tiny_models["llama"], prompts, MAX_NEW), strict=True))
+    ]  # fmt: skip
+    llm = LLM(tiny_models["llama"], **KW)
+    params = [SamplingParams(temperature=0, max_tokens=MAX_NEW,
+                             allowed_token_ids=ALLOWED if i % 2 else None) for i in range(4)]  # fmt: skip
+    assert toks(llm.generate(prompts, params, use_tqdm=False)) == ref
+    assert set(ref[1]) <= set(ALLOWED)
+
+
+def test_allowed_token_ids_hold_every_sampler(tiny_models, case):
+    prompts = case[0][:3]
+    llm = LLM(tiny_models["llama"], **KW)
+    kw = dict(max_tokens=24, ignore_eos=True, allowed_token_ids=ALLOWED)
+    samplers = [
+        SamplingParams(temperature=1.5, seed=2, **kw),
+        SamplingParams(temperature=1.0, top_k=3, logprobs=2, **kw),
+        SamplingParams(temperature=1.0, frequency_penalty=1.0, logit_bias={40: -5.0}, **kw),
+    ]
+    outs = [o.outputs[0] for o in llm.generate(prompts, samplers, use_tqdm=False)]
+    assert all(set(o.token_ids) <= set(ALLOWED) for o in outs)
+    assert len(set(outs[0].token_ids)) > 2  # drawn among them, not stuck on one
+    # the logprobs are those of the restricted distribution: all mass on the allowed ids
+    assert all(set(lp) <= set(ALLOWED) for lp in outs[1].logprobs)
