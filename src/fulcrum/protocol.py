@@ -64,6 +64,11 @@ def to_wire(params: SamplingParams, max_tokens: int) -> WireSamplingParams:
     fields["max_tokens"] = max(1, max_tokens)
     fields["stop_token_ids"] = list(params.stop_token_ids or [])
     fields["all_stop_token_ids"] = sorted(params.all_stop_token_ids)
+    so = params.structured_outputs
+    if so is not None and so.kind == "json" and not isinstance(so.json, str):
+        # A schema travels as its JSON text: msgpack holds no integer past 64 bits, and a
+        # schema may (an enum of big numbers, a bound); the grammar reads either form.
+        fields["structured_outputs"] = dataclasses.replace(so, json=so.spec)
     return WireSamplingParams(**fields)
 
 

@@ -48,3 +48,16 @@ def test_logit_bias_is_checked_and_normalised(bias, why):
         SamplingParams(logit_bias=bias)
     assert SamplingParams(logit_bias={3: 1}).logit_bias == {3: 1.0}
     assert SamplingParams(logit_bias={}).logit_bias is None  # nothing to add: the plain path
+
+
+def test_json_schema_travels_as_text():
+    """A schema may hold integers past msgpack's 64 bits (the server's fuzzing sent one): it
+    crosses to the core as its canonical JSON text, the grammar cache's key unchanged."""
+    from fulcrum.sampling_params import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": -(10**30)}}}
+    so = StructuredOutputsParams(json=schema)
+    req = EngineCoreRequest("r", [1], to_wire(SamplingParams(structured_outputs=so), 4))
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(req), type=EngineCoreRequest)
+    got = back.sampling_params.structured_outputs
+    assert got.kind == "json" and got.spec == so.spec
