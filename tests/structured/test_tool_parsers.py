@@ -39,8 +39,25 @@ def test_llama3_and_mistral() -> None:
         get_parser("nope")
 
 
+def test_granite() -> None:
+    p = get_parser("granite")
+    content, calls = p.parse(
+        '<|tool_call|>[{"name": "f", "arguments": {"city": "Oslo"}}, {"name": "g", "arguments": {}}]'
+    )
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("f", {"city": "Oslo"}), ("g", {})]  # fmt: skip
+    assert p.parse('Sure. <|tool_call|>[{"name": "f", "arguments": {"a": 1}}]')[0] == "Sure."
+    assert p.parse('[{"name": "f", "arguments": {}}]')[1] == []  # no opening token: content
+    st = ToolStream(ToolCalls(p))
+    fed = [st.feed(d) for d in ["<|tool", '_call|>[{"name": "f", ', '"arguments": {"a": 2}}', "]"]]
+    deltas = [d for _, ds in fed for d in ds]
+    assert "".join(t for t, _ in fed) == "" and len(deltas) == 1
+    assert deltas[0]["function"] == {"name": "f", "arguments": '{"a": 2}'}
+
+
 def test_parser_for_template() -> None:
     assert parser_for_template("{{ '[TOOL_CALLS]' }}") == "mistral"
+    assert parser_for_template("{{- '<|tool_call|>' + tool_calls | tojson }}") == "granite"
     assert parser_for_template("<|python_tag|> ipython <|eot_id|>") == "llama3_json"
     assert parser_for_template("{% if tools %}<tool_call>{% endif %}") == "hermes"
     assert parser_for_template(None) == "hermes"

@@ -5,6 +5,7 @@
 ``llama3_json``  ``{"name": ..., "parameters": {...}}`` objects, ``;``-separated, optionally
              after ``<|python_tag|>``
 ``mistral``  ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]``
+``granite``  ``<|tool_call|>[{"name": ..., "arguments": {...}}, ...]`` (Granite 3)
 ``forced``   the JSON array ``[{"name": ..., "parameters": {...}}]`` that ``tool_choice``
              ``required`` / a named tool makes the model write (tool_prompt.tool_call_schema)
 
@@ -126,6 +127,12 @@ class MistralParser(ToolParser):
     gap = re.compile(r"(?:\[TOOL_CALLS\])?\s*[\[,]?\s*")
 
 
+class GraniteParser(ToolParser):
+    name = "granite"
+    start = "<|tool_call|>"
+    gap = re.compile(r"(?:<\|tool_call\|>)?\s*[\[,]?\s*")
+
+
 class ForcedParser(ToolParser):
     name = "forced"
     start = ""
@@ -137,7 +144,7 @@ class ForcedParser(ToolParser):
 
 
 PARSERS: dict[str, type[ToolParser]] = {
-    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser)
+    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser, GraniteParser)
 }
 
 
@@ -156,6 +163,8 @@ def parser_for_template(template: str | None) -> str:
     t = template or ""
     if "[TOOL_CALLS]" in t:
         return "mistral"
+    if "<|tool_call|>" in t:
+        return "granite"
     if "<|python_tag|>" in t or ("ipython" in t and "<|eot_id|>" in t):
         return "llama3_json"
     return "hermes"
