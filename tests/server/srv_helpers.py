@@ -6,6 +6,7 @@ import json
 import os
 import random
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -43,10 +44,11 @@ class Server:
     port: int
     log_file: str
     output_file: str
+    tls: ssl.SSLContext | None = None  # HTTPS, trusting the server's certificate
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def request(
         self,
@@ -67,7 +69,7 @@ class Server:
         h.update(headers or {})
         req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=h)
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
+            with urllib.request.urlopen(req, timeout=timeout, context=self.tls) as r:
                 return r.status, r.read(), dict(r.headers)
         except urllib.error.HTTPError as e:
             return e.code, e.read(), dict(e.headers)
@@ -87,7 +89,9 @@ class Server:
         return out
 
 
-def start_server(tmp_dir: str, *extra: str, timeout: float = 300.0) -> Server:
+def start_server(
+    tmp_dir: str, *extra: str, timeout: float = 300.0, tls: ssl.SSLContext | None = None
+) -> Server:
     port = free_port()
     log_file = os.path.join(tmp_dir, "requests.jsonl")
     output_file = os.path.join(tmp_dir, "server.out")
@@ -109,7 +113,7 @@ def start_server(tmp_dir: str, *extra: str, timeout: float = 300.0) -> Server:
     ]
     with open(output_file, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    server = Server(proc, port, log_file, output_file)
+    server = Server(proc, port, log_file, output_file, tls)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -7,10 +7,10 @@ import logging
 from typing import Any
 
 
-def usage_banner(host: str, port: int, model: str, has_key: bool) -> str:
+def usage_banner(host: str, port: int, model: str, has_key: bool, tls: bool = False) -> str:
     """How to call the server, printed once it accepts requests."""
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    base = f"http://{shown}:{port}/v1"
+    base = f"{'https' if tls else 'http'}://{shown}:{port}/v1"
     auth = ' -H "Authorization: Bearer $FULCRUM_API_KEY"' if has_key else ""
     key = "os.environ['FULCRUM_API_KEY']" if has_key else "'unused'"
     return (
@@ -60,9 +60,12 @@ def serve_api(
         timeout_graceful_shutdown=5,
         timeout_keep_alive=30,
         lifespan="on",
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_certfile=args.ssl_certfile,
     )
     names = options.served_model_names
-    banner = usage_banner(args.host, args.port, names[0], bool(options.api_key))
+    tls = bool(args.ssl_certfile)
+    banner = usage_banner(args.host, args.port, names[0], bool(options.api_key), tls)
     show_banner = attach is None or attach[2] == 0
 
     class _Server(DrainingServer):

@@ -180,6 +180,16 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
         return JSONResponse({"version": __version__})
 
     app.add_middleware(ServerGuard, state=state)
+    if state.options.allowed_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        # Added last, so it runs first: a browser's preflight carries no API key.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=state.options.allowed_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
     openapi.install(app, state)
     return app
 

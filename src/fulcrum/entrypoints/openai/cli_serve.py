@@ -89,6 +89,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "Prometheus scraper without the key); the API routes still need it.",
     )
     s.add_argument(
+        "--allowed-origins",
+        nargs="+",
+        default=None,
+        metavar="ORIGIN",
+        help="Origins a browser may call the API from (CORS), e.g. https://app.example.com, or "
+        "'*' for any; preflight requests are answered before the API key is checked "
+        "(default: none, no CORS headers).",
+    )
+    s.add_argument(
+        "--ssl-keyfile",
+        default=None,
+        help="Serve HTTPS with this private key (PEM); needs --ssl-certfile (default: HTTP).",
+    )
+    s.add_argument(
+        "--ssl-certfile",
+        default=None,
+        help="The certificate (PEM, chain included) for --ssl-keyfile.",
+    )
+    s.add_argument(
         "--served-model-name",
         nargs="+",
         type=_model_name,
@@ -238,6 +257,7 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.getLogger("fulcrum").setLevel(args.log_level.upper())
     engine_args = EngineArgs.from_cli_args(args)
     options = serve_options(args, engine_args)
+    _check_tls(args)
     if ray_cli.wanted(args):  # replicas on Ray Serve; each resolves the model on its own node
         return ray_cli.run_serve_ray(args, options, engine_args)
     # Resolve the model here so bad arguments fail with one line before the server starts.
@@ -249,6 +269,21 @@ def run_serve(args: argparse.Namespace) -> int:
     from fulcrum.entrypoints.openai.api_process import serve_api
 
     return serve_api(args, options, engine_config)
+
+
+def _check_tls(args: argparse.Namespace) -> None:
+    """Both TLS files or neither, readable, and not with Ray Serve (its proxy serves HTTP)."""
+    given = [f for f in ("ssl_keyfile", "ssl_certfile") if getattr(args, f)]
+    if not given:
+        return
+    if len(given) == 1:
+        raise SystemExit(f"--{given[0].replace('_', '-')} needs the other TLS file as well.")
+    if ray_cli.wanted(args):
+        raise SystemExit("--ssl-keyfile/--ssl-certfile: not supported with --ray.")
+    for f in given:
+        path = getattr(args, f)
+        if not os.path.isfile(path):
+            raise SystemExit(f"--{f.replace('_', '-')}: no such file {path!r}.")
 
 
 def serve_options(args: argparse.Namespace, engine_args: EngineArgs) -> Any:
@@ -272,4 +307,5 @@ def serve_options(args: argparse.Namespace, engine_args: EngineArgs) -> Any:
         max_tokens_limit=args.max_tokens_limit,
         shutdown_timeout=args.shutdown_timeout,
         log_requests_file=args.log_requests_file,
+        allowed_origins=list(args.allowed_origins or []),
     )

@@ -51,6 +51,7 @@ class ServeOptions:
     max_tokens_limit: int | None = None  # largest max_tokens a request may ask for
     shutdown_timeout: float = 30.0
     log_requests_file: str | None = None
+    allowed_origins: list[str] = field(default_factory=list)  # CORS; empty: no CORS headers
 
 
 @dataclass
