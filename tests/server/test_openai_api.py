@@ -328,6 +328,28 @@ def test_logit_bias_and_allowed_token_ids(client: Any, tokenizer: Any) -> None:
     assert only.choices[0].text == " ocean" * 3
 
 
+def test_reasoning_content_split_whole_and_streamed(client: Any) -> None:
+    """The server runs ``--reasoning-parser qwen3``: an output that opens with <think> (forced
+    here by a regex) gives its thinking as ``reasoning_content``, the same streamed or not."""
+    kw = dict(
+        messages=[{"role": "user", "content": "What is two plus two?"}], max_tokens=40,
+        temperature=0, extra_body={"structured_outputs": {
+            "regex": r"<think>[a-z]{2,8}( [a-z]{2,8}){0,2}</think>The answer is [0-9]\."}},
+    )  # fmt: skip
+    msg = client.chat.completions.create(model=MODEL, **kw).choices[0].message
+    reasoning = msg.model_extra["reasoning_content"]
+    assert reasoning and "<think>" not in reasoning and "</think>" not in reasoning
+    assert msg.content.startswith("The answer is ") and "think" not in msg.content
+    parts = {"reasoning_content": "", "content": ""}
+    for chunk in client.chat.completions.create(model=MODEL, stream=True, **kw):
+        for c in chunk.choices:
+            parts["content"] += c.delta.content or ""
+            parts["reasoning_content"] += (c.delta.model_extra or {}).get("reasoning_content") or ""
+    assert parts == {"reasoning_content": reasoning, "content": msg.content}
+    plain = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=5, temperature=0)
+    assert "reasoning_content" not in (plain.choices[0].message.model_extra or {})
+
+
 def test_prefix_cache_reports_cached_tokens(client: Any) -> None:
     prompt = "Repeat after me: " + "the quick brown fox jumps over the lazy dog. " * 6
     client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)

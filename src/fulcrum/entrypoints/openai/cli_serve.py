@@ -11,6 +11,7 @@ from typing import Any
 from fulcrum import envs
 from fulcrum.engine.arg_utils import EngineArgs
 from fulcrum.entrypoints.openai.limits import MAX_LOGPROBS, MAX_N
+from fulcrum.entrypoints.openai.reasoning import PARSERS as REASONING_PARSERS
 from fulcrum.entrypoints.openai.tool_parsers import PARSERS
 from fulcrum.ray import cli as ray_cli
 
@@ -126,6 +127,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=sorted(PARSERS),
         default=None,
         help="How the model writes tool calls (default: chosen from the chat template).",
+    )
+    s.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        default=None,
+        help="Split a reasoning model's thinking (<think>...</think>) into the message's "
+        "reasoning_content: deepseek_r1 (the output may begin inside the thinking) or qwen3 "
+        "(only an output that opens with <think>) (default: the thinking stays in content).",
     )
     s.add_argument(
         "--trust-request-chat-template",
@@ -298,6 +307,7 @@ def serve_options(args: argparse.Namespace, engine_args: EngineArgs) -> Any:
         trust_request_chat_template=args.trust_request_chat_template,
         chat_template=_load_template(args.chat_template),
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         max_request_bytes=args.max_request_bytes,
         max_queued_requests=args.max_queued_requests,
         max_num_seqs=engine_args.max_num_seqs,

@@ -42,6 +42,7 @@ class ServeOptions:
     trust_request_chat_template: bool = False
     chat_template: str | None = None  # overrides the model's template
     tool_call_parser: str | None = None  # None: chosen from the chat template
+    reasoning_parser: str | None = None  # None: the thinking stays in the content
     max_request_bytes: int = 8 * 1024 * 1024
     max_queued_requests: int = 1024
     max_num_seqs: int = 256

@@ -19,6 +19,7 @@ from fulcrum.entrypoints.openai.chat_template import (
 from fulcrum.entrypoints.openai.errors import bad_request, value_error
 from fulcrum.entrypoints.openai.messages import ChatMessage
 from fulcrum.entrypoints.openai.protocol import ChatCompletionRequest
+from fulcrum.entrypoints.openai.reasoning import ReasoningStream, get_reasoning_parser
 from fulcrum.entrypoints.openai.serving_base import (
     OpenAIServing,
     conversation_id,
@@ -189,6 +190,8 @@ class _ChatCtx(ResponseContext):
         self.num_output = 0
         self.finish_reason: str | None = None
         self.tool_calls: ToolCalls | None = None
+        name = serving.opts.reasoning_parser
+        self.reasoning = get_reasoning_parser(name) if name else None
 
     def request_ids(self) -> list[str]:
         return [self.rid]
@@ -226,6 +229,7 @@ class _ChatCtx(ResponseContext):
         req = self.req
         finished: set[int] = set()
         streams: dict[int, ToolStream] = {}
+        thinking: dict[int, ReasoningStream] = {}
         cached = 0
         for i in range(req.n):
             delta = {"role": "assistant", "content": ""}
@@ -243,7 +247,13 @@ class _ChatCtx(ResponseContext):
                 if c.token_ids and self.first_token_time is None:
                     self.first_token_time = time.time()
                 reason = openai_finish_reason(c.finish_reason)
-                text, calls = c.text, []
+                text, calls, reasoning = c.text, [], ""
+                if self.reasoning is not None:  # the thinking first; the rest is content
+                    rs = thinking.setdefault(c.index, ReasoningStream(self.reasoning))
+                    reasoning, text = rs.feed(text)
+                    if reason is not None:
+                        more, rest = rs.finish()
+                        reasoning, text = reasoning + more, text + rest
                 if self.tool_calls is not None:
                     st = streams.setdefault(c.index, ToolStream(self.tool_calls))
                     text, calls = st.feed(c.text)
@@ -251,9 +261,11 @@ class _ChatCtx(ResponseContext):
                         text += st.finish()
                         reason = "tool_calls" if st.has_calls and reason == "stop" else reason
                 wants_ids = (req.logprobs or req.return_token_ids) and c.token_ids
-                if not text and not calls and reason is None and not wants_ids:
+                if not text and not calls and not reasoning and reason is None and not wants_ids:
                     continue
-                delta: dict[str, Any] = {"content": text} if text else {}
+                delta: dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}
+                if text:
+                    delta["content"] = text
                 if calls:
                     delta["tool_calls"] = calls
                 choice = {
@@ -287,10 +299,16 @@ class _ChatCtx(ResponseContext):
         for c in sorted(final.outputs, key=lambda c: c.index):
             reason = openai_finish_reason(c.finish_reason) or "stop"
             self.num_output += len(c.token_ids)
-            message: dict[str, Any] = {"role": "assistant", "content": c.text}
+            reasoning, text = None, c.text
+            if self.reasoning is not None:
+                reasoning, text = self.reasoning.split(c.text)
+            message: dict[str, Any] = {"role": "assistant", "content": text}
             if self.tool_calls is not None:
-                message, has_calls = self.tool_calls.message(c.text)
+                message, has_calls = self.tool_calls.message(text)
                 reason = "tool_calls" if has_calls and reason == "stop" else reason
+            if reasoning is not None:
+                message["reasoning_content"] = reasoning
+                message["content"] = message["content"] or None
             choice = {
                 "index": c.index,
                 "message": message,

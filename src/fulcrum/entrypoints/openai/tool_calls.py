@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fulcrum.entrypoints.openai.reasoning import held_tail
 from fulcrum.entrypoints.openai.tool_parsers import ForcedParser, ParsedToolCall, ToolParser
 from fulcrum.entrypoints.openai.tool_parsers.scanner import CallScanner
 
@@ -85,9 +86,8 @@ class ToolStream:
             return out, self._deltas()
         # Keep back a tail that may be the beginning of the opening text, and trailing
         # whitespace, which a call right after it would drop.
-        start, n = parser.start, len(self.text)
-        keep = next((k for k in range(min(len(start) - 1, n), 0, -1)
-                     if start.startswith(self.text[-k:])), 0)  # fmt: skip
+        n = len(self.text)
+        keep = held_tail(self.text, parser.start)
         end = max(len(self.text[: n - keep].rstrip()), self.sent)
         out, self.sent = self.text[self.sent : end], end
         return out, []
