@@ -92,6 +92,10 @@ class SamplingParams:
     # The only token ids that may be drawn (vLLM's ``allowed_token_ids``): classification,
     # multiple choice. EOS ends the sequence only if listed.
     allowed_token_ids: list[int] | None = None
+    # Keep only the last k prompt tokens (-1: as many as fit beside max_tokens), vLLM's field: a
+    # prompt that outgrows the context (a long RAG context, a long chat) loses its oldest tokens
+    # instead of failing. Applied where the prompt is tokenized, not in the engine core.
+    truncate_prompt_tokens: int | None = None
     # Filled by the engine: EOS ids of the model (not part of the user surface).
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -153,6 +157,9 @@ class SamplingParams:
             raise bad("stop", "must be non-empty strings.")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers.")
+        k = self.truncate_prompt_tokens
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or (k < 1 and k != -1)):
+            raise bad("truncate_prompt_tokens", f"must be -1 or at least 1, got {k!r}.")
         allowed = self.allowed_token_ids
         if allowed is not None and (
             not allowed or any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in allowed)

@@ -1,5 +1,6 @@
-"""Request priority through the offline API (tiny Llama, CPU): with one seat, requests run in
-priority order (lower first), not in submission order."""
+"""Per-request scheduling and prompt options through the offline API (tiny Llama, CPU): with one
+seat, requests run in priority order (lower first), not in submission order; a truncated prompt
+is its last tokens."""
 
 from __future__ import annotations
 
@@ -21,3 +22,17 @@ def test_one_seat_serves_lower_values_first(tiny_models):
     ]
     with pytest.raises(ValueError, match="priority"):
         llm.generate(prompts, sp, use_tqdm=False, priority=[0, 1])
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(tiny_models):
+    llm = LLM(tiny_models["llama"], device="cpu", dtype="float32")
+    long = [(7 * i) % 300 + 3 for i in range(60)]
+    sp = dict(temperature=0, max_tokens=6, ignore_eos=True)
+    cut = llm.generate([long], SamplingParams(truncate_prompt_tokens=12, **sp), use_tqdm=False)[0]
+    tail = llm.generate([long[-12:]], SamplingParams(**sp), use_tqdm=False)[0]
+    assert cut.prompt_token_ids == long[-12:]
+    assert cut.outputs[0].token_ids == tail.outputs[0].token_ids
+    short = llm.generate([long[:5]], SamplingParams(truncate_prompt_tokens=12, **sp), use_tqdm=False)
+    assert short[0].prompt_token_ids == long[:5]
+    with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+        SamplingParams(truncate_prompt_tokens=0)

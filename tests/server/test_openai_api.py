@@ -350,6 +350,19 @@ def test_reasoning_content_split_whole_and_streamed(client: Any) -> None:
     assert "reasoning_content" not in (plain.choices[0].message.model_extra or {})
 
 
+def test_truncate_prompt_tokens(client: Any) -> None:
+    long = "word " * 2000  # past the server's 1,024-token context
+    r = client.completions.create(model=MODEL, prompt=long, max_tokens=2, echo=True,
+                                  extra_body={"truncate_prompt_tokens": 100})  # fmt: skip
+    assert r.usage.prompt_tokens == 100
+    assert r.choices[0].text.startswith(" word word") and len(r.choices[0].text) < len(long) // 10
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": long}], max_tokens=3,
+        extra_body={"truncate_prompt_tokens": -1},
+    )  # the last tokens that leave room for max_tokens
+    assert chat.usage.prompt_tokens == MAX_MODEL_LEN - 3 and chat.usage.completion_tokens >= 1
+
+
 def test_prefix_cache_reports_cached_tokens(client: Any) -> None:
     prompt = "Repeat after me: " + "the quick brown fox jumps over the lazy dog. " * 6
     client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)

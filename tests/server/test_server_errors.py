@@ -37,6 +37,8 @@ BAD_CHAT = [
     ({"stop": ["x"] * 17}, "stop"),
     ({"seed": 2**64}, "seed"),
     ({"priority": "high"}, "priority"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({"priority": 2**64}, "priority"),
     ({"allowed_token_ids": []}, "allowed_token_ids"),
     ({"allowed_token_ids": [3, -1]}, "allowed_token_ids[1]"),

@@ -98,6 +98,12 @@ class SamplingRequest(OpenAIBaseModel):
     cache_salt: str | None = Field(
         None, description="Tenant salt: prefix-cache entries are shared only with the same salt."
     )
+    truncate_prompt_tokens: int | None = Field(
+        None,
+        ge=-1,
+        description="Keep only the last k prompt tokens (-1: as many as fit in the context beside "
+        "max_tokens); 0 is invalid (vLLM's extension).",
+    )
     allowed_token_ids: list[TokenId] | None = Field(
         None, description="The only token ids that may be generated (vLLM's extension)."
     )

@@ -200,6 +200,10 @@ class OpenAIServing:
         if req.n > self.opts.max_n:
             raise bad_request(f"n must be at most {self.opts.max_n}, got {req.n}.", "n")
         self.logit_bias(req)
+        if req.truncate_prompt_tokens == 0:
+            raise bad_request(
+                "truncate_prompt_tokens must be -1 or at least 1.", "truncate_prompt_tokens"
+            )
         if req.allowed_token_ids is not None:
             if not req.allowed_token_ids:
                 raise bad_request("allowed_token_ids must not be empty.", "allowed_token_ids")
@@ -233,6 +237,15 @@ class OpenAIServing:
                 )
             out[tok] = bias
         return out
+
+    def truncate_prompt(
+        self, req: SamplingRequest, ids: list[int], max_tokens: int | None
+    ) -> list[int]:
+        """The last ``truncate_prompt_tokens`` of ``ids`` (-1: as many as fit in the context
+        beside ``max_tokens``, or beside one token), or all of them."""
+        k = req.truncate_prompt_tokens
+        keep = self.engine.max_model_len - (max_tokens or 1) if k == -1 else k
+        return ids if keep is None or len(ids) <= keep else ids[-keep:]
 
     def check_logprobs(self, k: int | None, param: str) -> None:
         if k is not None and k > self.opts.max_logprobs:

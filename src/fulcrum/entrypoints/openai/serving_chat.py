@@ -125,8 +125,11 @@ class ServingChat(OpenAIServing):
             raise bad_request("top_logprobs requires logprobs to be true.", "top_logprobs")
         self.check_logprobs(req.top_logprobs, "top_logprobs")
         messages = messages_as_dicts(req.messages)
-        text, ids = await self.render(req, messages, tools)
+        text, full = await self.render(req, messages, tools)
         requested = req.max_completion_tokens or req.max_tokens
+        ids = self.truncate_prompt(req, full, requested)
+        if len(ids) < len(full):
+            text = None  # the rendered text no longer matches the ids
         max_tokens = self.resolve_max_tokens(len(ids), requested, None, "messages")
         top_n = req.top_logprobs or 0
         params = self.sampling_params(
@@ -178,7 +181,7 @@ class _ChatCtx(ResponseContext):
         rid: str,
         model: str,
         ids: list[int],
-        text: str,
+        text: str | None,
         messages: list[dict[str, Any]],
         arrival: float,
         top_n: int,

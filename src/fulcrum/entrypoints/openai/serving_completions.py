@@ -93,9 +93,13 @@ class ServingCompletions(OpenAIServing):
         if req.max_tokens == 0 and not req.echo:
             raise bad_request("max_tokens: 0 is only valid with echo (scoring the prompt).",
                               "max_tokens")  # fmt: skip
-        prompts = self.split_prompts(req)
         # max_tokens 0 with echo: one token is computed (the engine always samples) and dropped
         wanted = 1 if req.max_tokens == 0 else req.max_tokens
+        prompts = [
+            (text if len(cut) == len(ids) else None, cut)  # a cut text would not match its ids
+            for text, ids in self.split_prompts(req)
+            for cut in (self.truncate_prompt(req, ids, wanted),)
+        ]
         resolved = [
             self.resolve_max_tokens(len(ids), wanted, 16, "prompt") for _, ids in prompts
         ]
