@@ -348,6 +348,9 @@ def test_reasoning_content_split_whole_and_streamed(client: Any) -> None:
     assert parts == {"reasoning_content": reasoning, "content": msg.content}
     plain = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=5, temperature=0)
     assert "reasoning_content" not in (plain.choices[0].message.model_extra or {})
+    kw["extra_body"]["include_reasoning"] = False  # the thinking dropped, the answer kept
+    hidden = client.chat.completions.create(model=MODEL, **kw).choices[0].message
+    assert "reasoning_content" not in (hidden.model_extra or {}) and hidden.content == msg.content
 
 
 def test_truncate_prompt_tokens(client: Any) -> None:

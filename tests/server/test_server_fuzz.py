@@ -129,7 +129,7 @@ def test_fuzz_responses_match_the_schema(server: Server) -> None:
                 try:
                     case.validate_response(resp, checks=conformance, headers=headers)
                 except FailureGroup as e:
-                    failures.append(f"{case.method} {case.path} {case.body!r}: {e}"[:1500])
+                    failures.append(f"{case.method} {case.path}: {e}\nbody: {case.body!r}"[:3000])
 
             try:
                 run()

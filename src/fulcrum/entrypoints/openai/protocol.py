@@ -182,6 +182,11 @@ class ChatCompletionRequest(SamplingRequest):
     # Extensions.
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    include_reasoning: bool = Field(
+        True,
+        description="With the server's --reasoning-parser: false drops the thinking from the "
+        "response (vLLM's extension).",
+    )
     chat_template: str | None = Field(None, description="Only with --trust-request-chat-template.")
     chat_template_kwargs: dict[str, Any] | None = None
 

@@ -266,6 +266,8 @@ class _ChatCtx(ResponseContext):
                 wants_ids = (req.logprobs or req.return_token_ids) and c.token_ids
                 if not text and not calls and not reasoning and reason is None and not wants_ids:
                     continue
+                if not req.include_reasoning:
+                    reasoning = ""
                 delta: dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}
                 if text:
                     delta["content"] = text
@@ -310,8 +312,9 @@ class _ChatCtx(ResponseContext):
                 message, has_calls = self.tool_calls.message(text)
                 reason = "tool_calls" if has_calls and reason == "stop" else reason
             if reasoning is not None:
-                message["reasoning_content"] = reasoning
                 message["content"] = message["content"] or None
+                if self.req.include_reasoning:
+                    message["reasoning_content"] = reasoning
             choice = {
                 "index": c.index,
                 "message": message,
