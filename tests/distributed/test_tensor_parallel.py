@@ -64,10 +64,10 @@ def odd_vocab_dir(tmp_path_factory) -> str:
     return _tiny_odd_vocab(str(tmp_path_factory.mktemp("tp") / "llama_kv1"))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "phi3", "mistral", "smollm3"])
 def test_tp2_matches_tp1_and_hf(tiny_models, arch):
     """GQA 4/2 over sharded safetensors files (llama), qkv bias (qwen2), checkpoints with
-    q/k/v and gate/up already fused (phi3); prompts longer than the 16-token step budget run
+    q/k/v and gate/up already fused (phi3), a layer without rotary (smollm3); prompts longer than the 16-token step budget run
     as chunked prefill; the last prompt reuses a cached block."""
     path = tiny_models[arch]
     prompts = PROMPTS + [PREFIX_PROMPT]

@@ -18,6 +18,7 @@ TP_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Phi3ForCausalLM",
+    "SmolLM3ForCausalLM",
 )
 
 
