@@ -21,8 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
-from fulcrum.config import KernelConfig
-from fulcrum.kernels.dispatch import DEFAULT, Configured
+from fulcrum.kernels.dispatch import Configured
 from fulcrum.kv_cache.sliding_window import SLIDING, layer_types
 from fulcrum.model.layers.rotary import RotaryEmbedding
 from fulcrum.model.layers.stack import HiddenStateStack
@@ -198,17 +197,11 @@ class GemmaForCausalLM(LlamaForCausalLM):
     """Gemma 2 / Gemma 3 text; checkpoint loading as the Llama family's (q/k/v and gate/up
     fused on load)."""
 
-    def __init__(
-        self,
-        hf_config,
-        max_position: int,
-        backend: AttentionBackend,
-        quant: QuantMethod | None = None,
-        kernel_config: KernelConfig = DEFAULT,
-    ) -> None:
-        nn.Module.__init__(self)
-        args = GemmaArgs.from_gemma(hf_config, max_position)
-        self._assemble(args, GemmaModel(args, hf_config, backend, quant), backend, kernel_config)
+    def model_args(self, hf_config, max_position: int) -> GemmaArgs:
+        return GemmaArgs.from_gemma(hf_config, max_position)
+
+    def decoder(self, args, hf_config, backend: AttentionBackend, quant) -> nn.Module:
+        return GemmaModel(args, hf_config, backend, quant)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)

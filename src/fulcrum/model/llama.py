@@ -267,23 +267,29 @@ class LlamaForCausalLM(nn.Module):
         kernel_config: KernelConfig = DEFAULT,
     ) -> None:
         super().__init__()
-        args = ModelArgs.from_hf(hf_config, max_position)
+        args = self.model_args(hf_config, max_position)
         if (world := tp_size()) > 1:  # this rank's heads and MLP slice (distributed/layers.py)
             args = local_args(args, world)
-        self._assemble(args, LlamaModel(args, hf_config, backend, quant), backend, kernel_config)
+        self.args, self.backend = args, backend
+        self.model = self.decoder(args, hf_config, backend, quant)
+        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.set_kernel_config(kernel_config)
         if world > 1:
             parallelize(self)
 
-    def _assemble(
-        self, args: ModelArgs, model: nn.Module, backend: AttentionBackend, kc: KernelConfig
-    ) -> None:
-        """What every causal LM here shares once its arguments and decoder stack are built: the
-        LM head (tied to the embedding where the config says so) and the kernel switches."""
-        self.args, self.backend, self.model = args, backend, model
-        self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
-        if args.tie_word_embeddings:
-            self.lm_head.weight = model.embed_tokens.weight
-        self.set_kernel_config(kc)
+    # What a family changes: its arguments from the config, and its decoder stack. The LM head
+    # (tied to the embedding where the config says so), the kernel switches, tensor
+    # parallelism (for the architectures distributed/validate.py admits) and weight loading
+    # are shared.
+    def model_args(self, hf_config, max_position: int) -> ModelArgs:
+        return ModelArgs.from_hf(hf_config, max_position)
+
+    def decoder(
+        self, args: ModelArgs, hf_config, backend: AttentionBackend, quant: QuantMethod | None
+    ) -> nn.Module:
+        return LlamaModel(args, hf_config, backend, quant)
 
     def set_kernel_config(self, kc: KernelConfig) -> None:
         """Every layer and the attention backend take ``kc`` from their next call on (a

@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend
-from fulcrum.config import KernelConfig
-from fulcrum.kernels.dispatch import DEFAULT, Configured
+from fulcrum.kernels.dispatch import Configured
 from fulcrum.model.layers.experts import Experts, routed_fast
 from fulcrum.model.layers.linear import Linear
 from fulcrum.model.layers.moe_ref import topk_softmax_ref
@@ -137,18 +136,11 @@ def moe_args(c, max_position: int) -> MoEArgs:
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
-    def __init__(
-        self,
-        hf_config,
-        max_position: int,
-        backend: AttentionBackend,
-        quant: QuantMethod | None = None,
-        kernel_config: KernelConfig = DEFAULT,
-    ) -> None:
-        nn.Module.__init__(self)
-        args = moe_args(hf_config, max_position)
-        model = LlamaModel(args, hf_config, backend, quant, MoEDecoderLayer)
-        self._assemble(args, model, backend, kernel_config)
+    def model_args(self, hf_config, max_position: int) -> MoEArgs:
+        return moe_args(hf_config, max_position)
+
+    def decoder(self, args, hf_config, backend: AttentionBackend, quant) -> nn.Module:
+        return LlamaModel(args, hf_config, backend, quant, MoEDecoderLayer)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Per-expert gate/up (``w1``/``w3``) rows into ``w13`` and down (``w2``) into ``w2``

@@ -16,14 +16,12 @@ from __future__ import annotations
 from torch import nn
 
 from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
-from fulcrum.config import KernelConfig
-from fulcrum.kernels.dispatch import DEFAULT, Configured
+from fulcrum.kernels.dispatch import Configured
 from fulcrum.kv_cache.sliding_window import layer_windows
 from fulcrum.model.layers.norm import RMSNorm
 from fulcrum.model.layers.rotary import RotaryEmbedding
 from fulcrum.model.layers.stack import HiddenStateStack
 from fulcrum.model.llama import MLP, LlamaForCausalLM, ModelArgs, _linear
-from fulcrum.quant.base import QuantMethod
 
 
 class Olmo2Attention(Configured, nn.Module):
@@ -93,14 +91,5 @@ class Olmo2Model(HiddenStateStack):
 class Olmo2ForCausalLM(LlamaForCausalLM):
     """OLMo 2; checkpoint loading as the Llama family's (q/k/v and gate/up fused on load)."""
 
-    def __init__(
-        self,
-        hf_config,
-        max_position: int,
-        backend: AttentionBackend,
-        quant: QuantMethod | None = None,
-        kernel_config: KernelConfig = DEFAULT,
-    ) -> None:
-        nn.Module.__init__(self)
-        args = ModelArgs.from_hf(hf_config, max_position)
-        self._assemble(args, Olmo2Model(args, hf_config, backend, quant), backend, kernel_config)
+    def decoder(self, args, hf_config, backend: AttentionBackend, quant) -> nn.Module:
+        return Olmo2Model(args, hf_config, backend, quant)
