@@ -179,3 +179,12 @@ class SamplingParams:
         import copy
 
         return copy.deepcopy(self)
+
+
+def truncate_prompt(
+    ids: list[int], keep: int | None, max_model_len: int, max_tokens: int | None
+) -> list[int]:
+    """``truncate_prompt_tokens``: the last ``keep`` ids (-1: as many as fit in the context
+    beside ``max_tokens``, or beside one token), or all of them (None)."""
+    n = max_model_len - (max_tokens or 1) if keep == -1 else keep
+    return ids if n is None or len(ids) <= n else ids[-n:]

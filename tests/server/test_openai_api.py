@@ -366,6 +366,26 @@ def test_truncate_prompt_tokens(client: Any) -> None:
     assert chat.usage.prompt_tokens == MAX_MODEL_LEN - 3 and chat.usage.completion_tokens >= 1
 
 
+def test_reasoning_then_tool_call_streamed_as_whole(client: Any) -> None:
+    """The tool-call parser reads only the content after the thinking, streamed as whole."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    kw = dict(
+        messages=[{"role": "user", "content": "Call f."}], max_tokens=40, temperature=0,
+        tools=tools, extra_body={"structured_outputs": {
+            "regex": r'<think>[a-z]{2,6}</think><tool_call>\{"name": "f", "arguments": \{\}\}</tool_call>'}},
+    )  # fmt: skip
+    msg = client.chat.completions.create(model=MODEL, **kw).choices[0].message
+    assert msg.tool_calls and msg.tool_calls[0].function.name == "f" and not msg.content
+    reasoning, content, calls = "", "", []
+    for chunk in client.chat.completions.create(model=MODEL, stream=True, **kw):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            reasoning += (c.delta.model_extra or {}).get("reasoning_content") or ""
+            calls += c.delta.tool_calls or []
+    assert reasoning == msg.model_extra["reasoning_content"] and not content
+    assert [c.function.name for c in calls] == ["f"]
+
+
 def test_prefix_cache_reports_cached_tokens(client: Any) -> None:
     prompt = "Repeat after me: " + "the quick brown fox jumps over the lazy dog. " * 6
     client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)

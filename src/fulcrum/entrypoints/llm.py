@@ -13,7 +13,7 @@ from fulcrum.engine.output_processor import OutputProcessor
 from fulcrum.engine.outputs import RequestOutput
 from fulcrum.model.loader.tokenizer import load_tokenizer
 from fulcrum.protocol import EngineCoreRequest, to_wire
-from fulcrum.sampling_params import SamplingParams
+from fulcrum.sampling_params import SamplingParams, truncate_prompt
 
 Prompt = str | list[int] | dict[str, Any]
 
@@ -122,10 +122,10 @@ class LLM:
 
     def _add(self, prompt: Prompt, sp: SamplingParams, priority: int = 0) -> str:
         text, ids = self._tokenize(prompt)
-        k = sp.truncate_prompt_tokens
-        keep = self.max_model_len - (sp.max_tokens or 1) if k == -1 else k
-        if keep is not None and len(ids) > keep:
-            text, ids = None, ids[-keep:]  # the text no longer matches the ids
+        full = ids
+        ids = truncate_prompt(full, sp.truncate_prompt_tokens, self.max_model_len, sp.max_tokens)
+        if len(ids) < len(full):
+            text = None  # the text no longer matches the ids
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         rid = str(next(self._ids))
         wire = to_wire(sp, resolve_max_tokens(sp, len(ids), self.max_model_len))

@@ -26,7 +26,7 @@ from fulcrum.entrypoints.openai.errors import (
 )
 from fulcrum.entrypoints.openai.protocol import SamplingRequest
 from fulcrum.entrypoints.openai.request_log import RequestLog, RequestRecord
-from fulcrum.sampling_params import SamplingParams, StructuredOutputsParams
+from fulcrum.sampling_params import SamplingParams, StructuredOutputsParams, truncate_prompt
 
 T = TypeVar("T")
 
@@ -241,11 +241,7 @@ class OpenAIServing:
     def truncate_prompt(
         self, req: SamplingRequest, ids: list[int], max_tokens: int | None
     ) -> list[int]:
-        """The last ``truncate_prompt_tokens`` of ``ids`` (-1: as many as fit in the context
-        beside ``max_tokens``, or beside one token), or all of them."""
-        k = req.truncate_prompt_tokens
-        keep = self.engine.max_model_len - (max_tokens or 1) if k == -1 else k
-        return ids if keep is None or len(ids) <= keep else ids[-keep:]
+        return truncate_prompt(ids, req.truncate_prompt_tokens, self.engine.max_model_len, max_tokens)
 
     def check_logprobs(self, k: int | None, param: str) -> None:
         if k is not None and k > self.opts.max_logprobs:

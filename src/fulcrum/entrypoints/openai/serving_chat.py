@@ -259,7 +259,7 @@ class _ChatCtx(ResponseContext):
                         reasoning, text = reasoning + more, text + rest
                 if self.tool_calls is not None:
                     st = streams.setdefault(c.index, ToolStream(self.tool_calls))
-                    text, calls = st.feed(c.text)
+                    text, calls = st.feed(text)
                     if reason is not None:
                         text += st.finish()
                         reason = "tool_calls" if st.has_calls and reason == "stop" else reason
