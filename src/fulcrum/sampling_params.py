@@ -13,13 +13,34 @@ _GREEDY_EPS = 1e-5
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "structural_tag", "json_object")
 
 
+@dataclass(frozen=True)
+class ThinkingGate:
+    """A reasoning model's thinking stays free; the grammar constrains the answer after it.
+
+    ``start_id`` / ``end_id``: the tokens that open and close the thinking (``<think>``,
+    ``</think>``). ``opens``: ``"thinking"`` where the output begins inside the thinking (the
+    prompt left it open), ``"either"`` where the first token may be ``start_id`` (then the
+    model thinks) or the answer's first token (the grammar's, from there on)."""
+
+    start_id: int
+    end_id: int
+    opens: str = "thinking"
+
+    def __post_init__(self) -> None:
+        if self.opens not in ("thinking", "either"):
+            raise ValueError(
+                f"structured_outputs.thinking.opens must be 'thinking' or 'either', got {self.opens!r}."
+            )
+
+
 @dataclass
 class StructuredOutputsParams:
     """One constraint on the output (vLLM's names): exactly one field is set.
 
     ``json``: a JSON schema (dict or its text); ``regex``; ``choice``: the output is one of these
     strings; ``grammar``: EBNF (GBNF); ``structural_tag``: xgrammar's structural-tag JSON;
-    ``json_object``: any JSON object."""
+    ``json_object``: any JSON object. ``thinking``: a reasoning model's thinking is left free
+    (the constraint starts after it; see ``ThinkingGate``)."""
 
     json: dict[str, Any] | str | None = None
     regex: str | None = None
@@ -27,6 +48,7 @@ class StructuredOutputsParams:
     grammar: str | None = None
     structural_tag: str | None = None
     json_object: bool | None = None
+    thinking: ThinkingGate | None = None
 
     def __post_init__(self) -> None:
         given = [k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False)]

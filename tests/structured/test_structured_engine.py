@@ -162,3 +162,34 @@ def test_slow_compile_neither_spins_nor_stalls(llm: LLM) -> None:
     assert re.fullmatch("[a-z]{3}z", constrained.outputs[0].text)
     assert seen.get("plain") is True  # the unconstrained request finished during the compile
     assert steps < 200, steps  # 1 s at <= 50 ms a wait, plus the real steps; spinning: thousands
+
+
+def test_thinking_is_free_and_the_answer_constrained(llm: LLM) -> None:
+    """A ``thinking`` gate (a reasoning model's): the tokens up to the end marker are the
+    model's own greedy choice, the answer after it follows the grammar; with ``either`` the
+    first token may open the thinking (then as above) or start the answer. Markers here are
+    ordinary tokens of the embedded model's own greedy output, so the free part is checkable."""
+    from fulcrum.sampling_params import ThinkingGate
+
+    tok = llm.get_tokenizer()
+    p = _prompt(llm, "Tell me about the sea.")
+    free = llm.generate([p], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    free_ids = list(free[0].outputs[0].token_ids)
+    end = free_ids[4]
+    k = free_ids.index(end) + 1  # the thinking, its end marker included
+    rare = tok.convert_tokens_to_ids("<jupyter_start>")  # never the model's choice
+    gates = {
+        "thinking": ThinkingGate(rare, end, "thinking"),
+        "either, opened": ThinkingGate(free_ids[0], end, "either"),
+        "either, answered": ThinkingGate(rare, end, "either"),
+        "none": None,
+    }
+    params = [SamplingParams(temperature=0, max_tokens=20, structured_outputs=SO(
+        regex="[0-9]{3}", thinking=g)) for g in gates.values()]  # fmt: skip
+    outs = dict(zip(gates, llm.generate([p] * len(gates), params, use_tqdm=False), strict=True))
+    for name in ("thinking", "either, opened"):
+        ids = list(outs[name].outputs[0].token_ids)
+        assert ids[:k] == free_ids[:k], name
+        assert re.fullmatch("[0-9]{3}", tok.decode(ids[k:], skip_special_tokens=True)), name
+    for name in ("either, answered", "none"):
+        assert re.fullmatch("[0-9]{3}", outs[name].outputs[0].text), name

@@ -37,6 +37,7 @@ from fulcrum.scheduler.speculation import propose_for
 from fulcrum.spec_decode.registry import make_proposer
 from fulcrum.spec_decode.stats import SpecDecodeStats
 from fulcrum.structured.manager import StructuredOutputManager
+from fulcrum.structured.thinking import GatedMatcher
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +226,9 @@ class Scheduler:
             self.abort_requests([req.key])
             return False
         req.matcher = req.grammar.result().new_matcher()
+        gate = req.params.structured_outputs.thinking
+        if gate is not None:  # a reasoning model: the grammar constrains only the answer
+            req.matcher = GatedMatcher(req.matcher, gate)
         for tok in req.output_token_ids:  # resumed with output (cannot happen today; cheap)
             req.matcher.accept_token(tok)
         return True

@@ -17,6 +17,7 @@ import torch
 
 from fulcrum.sampling_params import StructuredOutputsParams
 from fulcrum.structured.backend import CompiledGrammar, GrammarBackend, GrammarMatcher
+from fulcrum.structured.thinking import GatedMatcher, allow_token
 
 logger = logging.getLogger(__name__)
 
@@ -74,16 +75,33 @@ class StructuredOutputManager:
             ]
         self._turn ^= 1
         mask = self._buffers[self._turn].numpy()[:n]
-        rows = [row for row, m in enumerate(matchers) if m is not None]
+        # A gated row (a reasoning model's) is free while it thinks; its grammar's otherwise.
+        grammars = [m.active() if isinstance(m, GatedMatcher) else m for m in matchers]
+        rows = [row for row, m in enumerate(grammars) if m is not None]
         if len(rows) < n:
-            mask[[row for row, m in enumerate(matchers) if m is None]] = -1
+            mask[[row for row, m in enumerate(grammars) if m is None]] = -1
         if rows:
-            self.backend.fill_bitmasks([matchers[r] for r in rows], mask, rows)  # type: ignore[misc]
+            self.backend.fill_bitmasks([grammars[r] for r in rows], mask, rows)  # type: ignore[misc]
+        for row, m in enumerate(matchers):
+            if isinstance(m, GatedMatcher):
+                allow_token(mask, row, m.opening_token())
         return mask
 
     def accept(self, matchers: list[GrammarMatcher], tokens: list[int]) -> list[bool]:
-        """Advance each matcher by its token (one step's single-token rows, together)."""
-        return self.backend.accept_tokens(matchers, tokens)
+        """Advance each matcher by its token (one step's single-token rows, together); a
+        gated matcher's gate takes its thinking's tokens first."""
+        ok = [True] * len(matchers)
+        rows = [
+            i for i, (m, t) in enumerate(zip(matchers, tokens, strict=True))
+            if not (isinstance(m, GatedMatcher) and m.take(t))
+        ]  # fmt: skip
+        grammars = [m.inner if isinstance(m, GatedMatcher) else m for m in matchers]
+        got = self.backend.accept_tokens([grammars[i] for i in rows], [tokens[i] for i in rows])
+        for i, g in zip(rows, got, strict=True):
+            ok[i] = g
+            if not g and isinstance(matchers[i], GatedMatcher):
+                matchers[i].untake()  # type: ignore[union-attr]
+        return ok
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

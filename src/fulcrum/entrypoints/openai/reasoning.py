@@ -8,12 +8,18 @@ beside its ``content`` (vLLM's field), whole or streamed. ``--reasoning-parser``
                  one that does not is all content (thinking switched off through
                  ``chat_template_kwargs: {"enable_thinking": false}``).
 
-The content that follows goes on to the tool-call parser, if the request has tools.
+The content that follows goes on to the tool-call parser, if the request has tools. A request
+with structured output constrains only that content: the thinking stays free (``thinking_gate``),
+where the tokenizer holds both markers as single tokens (every reasoning model's does).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from fulcrum.sampling_params import ThinkingGate
 
 START, END = "<think>", "</think>"
 
@@ -22,6 +28,19 @@ START, END = "<think>", "</think>"
 class ReasoningParser:
     name: str
     opens_inside: bool  # the output may begin inside the thinking, without START
+
+    def gate(self, markers: tuple[int, int], prompt: Sequence[int]) -> ThinkingGate | None:
+        """Where the answer's grammar starts, from the prompt's last thinking marker (vLLM's
+        rule): after ``</think>`` the thinking is over (e.g. switched off by the template) and
+        the grammar covers the whole output (None); after ``<think>`` the output begins inside
+        the thinking; with neither, as the parser reads outputs."""
+        start, end = markers
+        for tok in reversed(prompt):
+            if tok == end:
+                return None
+            if tok == start:
+                return ThinkingGate(start, end, "thinking")
+        return ThinkingGate(start, end, "thinking" if self.opens_inside else "either")
 
     def split(self, text: str) -> tuple[str | None, str]:
         """``(reasoning, content)`` of a whole output (None: no reasoning)."""
@@ -45,6 +64,18 @@ def get_reasoning_parser(name: str) -> ReasoningParser:
         raise ValueError(
             f"reasoning_parser: unknown parser {name!r}; choose one of {', '.join(PARSERS)}."
         ) from None
+
+
+def marker_ids(tokenizer: Any) -> tuple[int, int] | None:
+    """``(<think>, </think>)`` ids where each is one token of ``tokenizer``, else None (the
+    grammar then covers the thinking too: it cannot tell where a split marker ends)."""
+    ids = []
+    for marker in (START, END):
+        enc = tokenizer(marker, add_special_tokens=False)["input_ids"]
+        if len(enc) != 1:
+            return None
+        ids.append(int(enc[0]))
+    return ids[0], ids[1]
 
 
 def held_tail(text: str, token: str) -> int:

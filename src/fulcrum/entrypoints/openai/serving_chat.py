@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,7 +20,7 @@ from fulcrum.entrypoints.openai.chat_template import (
 from fulcrum.entrypoints.openai.errors import bad_request, value_error
 from fulcrum.entrypoints.openai.messages import ChatMessage
 from fulcrum.entrypoints.openai.protocol import ChatCompletionRequest
-from fulcrum.entrypoints.openai.reasoning import ReasoningStream, get_reasoning_parser
+from fulcrum.entrypoints.openai.reasoning import ReasoningStream, get_reasoning_parser, marker_ids
 from fulcrum.entrypoints.openai.serving_base import (
     OpenAIServing,
     conversation_id,
@@ -38,6 +39,7 @@ from fulcrum.entrypoints.openai.tool_prompt import (
     tools_as_dicts,
     with_tool_arguments_as_objects,
 )
+from fulcrum.sampling_params import StructuredOutputsParams
 
 _LONG_TEXT = 16_384  # characters; longer prompts are tokenized off the event loop
 
@@ -131,6 +133,8 @@ class ServingChat(OpenAIServing):
         if len(ids) < len(full):
             text = None  # the rendered text no longer matches the ids
         max_tokens = self.resolve_max_tokens(len(ids), requested, None, "messages")
+        if structured is not None and self.opts.reasoning_parser:
+            structured = self._after_thinking(structured, ids)
         top_n = req.top_logprobs or 0
         params = self.sampling_params(
             req, max_tokens, top_n if req.logprobs else None, structured, req.prompt_logprobs
@@ -141,6 +145,15 @@ class ServingChat(OpenAIServing):
         ctx = _ChatCtx(self, req, raw, rid, model, ids, text, messages, arrival, top_n)
         ctx.tool_calls = tool_calls
         return await ctx.respond(gen, req.stream)
+
+    def _after_thinking(self, structured: StructuredOutputsParams, ids: list[int]) -> StructuredOutputsParams:
+        """The constraint with its ``thinking`` gate: a reasoning model thinks freely first."""
+        if not hasattr(self, "_markers"):
+            self._markers = marker_ids(self.tokenizer)
+        if self._markers is None:
+            return structured
+        parser = get_reasoning_parser(self.opts.reasoning_parser)  # type: ignore[arg-type]
+        return dataclasses.replace(structured, thinking=parser.gate(self._markers, ids))
 
     def _tools(
         self, req: ChatCompletionRequest
