@@ -21,7 +21,7 @@ EXAMPLES = {
     ("GET", "positive"): 12,
     ("GET", "negative"): 12,
 }
-_CLAMP = ("max_tokens", "max_completion_tokens", "min_tokens")
+_CLAMP = ("max_tokens", "max_completion_tokens", "max_output_tokens", "min_tokens")
 
 
 def _bound_cost(body: Any) -> Any:
@@ -32,9 +32,10 @@ def _bound_cost(body: Any) -> Any:
         v = body.get(k)
         if isinstance(v, int) and not isinstance(v, bool) and v > 1:
             body[k] = 1
-    if "messages" in body or "prompt" in body:
-        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
-            body["max_tokens"] = 1
+    if "messages" in body or "prompt" in body or "input" in body:
+        limits = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+        if all(body.get(k) is None for k in limits):
+            body["max_output_tokens" if "input" in body else "max_tokens"] = 1
         n = body.get("n")
         if isinstance(n, int) and not isinstance(n, bool) and n > 2:
             body["n"] = 2

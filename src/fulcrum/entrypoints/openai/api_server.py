@@ -37,9 +37,11 @@ from fulcrum.entrypoints.openai.protocol import (
     TokenizeResponse,
 )
 from fulcrum.entrypoints.openai.request_log import RequestLog
+from fulcrum.entrypoints.openai.responses_protocol import ResponsesRequest
 from fulcrum.entrypoints.openai.serving_base import ClientDisconnected, ServerState
 from fulcrum.entrypoints.openai.serving_chat import ServingChat, messages_as_dicts
 from fulcrum.entrypoints.openai.serving_completions import ServingCompletions
+from fulcrum.entrypoints.openai.serving_responses import ServingResponses
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +80,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     E.install_error_handlers(app)
     chat = ServingChat(state)
     completions = ServingCompletions(state)
+    responses = ServingResponses(chat)
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(_: Request, __: ClientDisconnected) -> Response:
@@ -102,6 +105,10 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     )
     async def create_completion(body: CompletionRequest, raw: Request) -> Response:
         return await completions.create(body, raw)
+
+    @app.post("/v1/responses", responses={**_ERRORS, 200: {"content": openapi.SSE}})
+    async def create_response(body: ResponsesRequest, raw: Request) -> Response:
+        return await responses.create(body, raw)
 
     def model_card(name: str) -> ModelCard:
         assert state.engine is not None

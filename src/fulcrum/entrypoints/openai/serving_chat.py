@@ -118,6 +118,14 @@ class ServingChat(OpenAIServing):
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     async def create(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        ctx, gen = await self.prepare(req, raw)
+        return await ctx.respond(gen, req.stream)
+
+    async def prepare(
+        self, req: ChatCompletionRequest, raw: Request, rid: str | None = None
+    ) -> tuple[_ChatCtx, AsyncIterator[RequestOutput]]:
+        """Validate, render and submit: the response's context and the engine's outputs (the
+        Responses API assembles its own body from the same two)."""
         arrival = time.time()
         model = self.check_model(req.model)
         self.check_common(req)
@@ -140,11 +148,11 @@ class ServingChat(OpenAIServing):
             req, max_tokens, top_n if req.logprobs else None, structured, req.prompt_logprobs
         )
         self.check_admission(req.n)
-        rid = self.new_request_id("chatcmpl")
+        rid = rid or self.new_request_id("chatcmpl")
         gen = self.submit(rid, ids, params, text, arrival, req)
         ctx = _ChatCtx(self, req, raw, rid, model, ids, text, messages, arrival, top_n)
         ctx.tool_calls = tool_calls
-        return await ctx.respond(gen, req.stream)
+        return ctx, gen
 
     def _after_thinking(self, structured: StructuredOutputsParams, ids: list[int]) -> StructuredOutputsParams:
         """The constraint with its ``thinking`` gate: a reasoning model thinks freely first."""
