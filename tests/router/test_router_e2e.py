@@ -84,6 +84,8 @@ def test_openai_client_through_router(workers, make_router) -> None:
     assert "".join(pieces) == out.choices[0].message.content  # greedy: same text either way
     comp = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=3, temperature=0)
     assert comp.choices[0].text
+    resp = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4, temperature=0)
+    assert resp.output_text == out.choices[0].message.content  # the same conversation as chat
     bad = openai.OpenAI(base_url=router.base_url + "/v1", api_key="wrong", max_retries=0)
     try:
         bad.models.list()

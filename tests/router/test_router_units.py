@@ -14,7 +14,7 @@ from fulcrum.router.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from fulcrum.router.config import ConfigError, parse_config
 from fulcrum.router.policies import CacheAware, LeastLoad, RoundRobin
 from fulcrum.router.prefix_tree import PrefixTree, block_hashes
-from fulcrum.router.shape import RequestShape, classify, prompt_text
+from fulcrum.router.shape import RequestShape, classify, output_tokens, prompt_text
 from fulcrum.router.worker import Worker, parse_load
 
 KEY = "router-key"
@@ -150,6 +150,12 @@ def test_shape_classify() -> None:
     assert classify(cfg.rules, shape(None), "chat") == "chat"
     assert classify(cfg.rules, shape(10, headers={"x-tenant": "gold"}), "chat") == "vip"
     assert prompt_text({"messages": [{"role": "user", "content": "hi"}]}) == "<user>hi"
+    # the Responses API: instructions as the system message, then the input (text or items)
+    assert prompt_text({"instructions": "be", "input": "hi"}) == "<system>be\n<user>hi"
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+             {"type": "function_call_output", "call_id": "c", "output": "42"}]  # fmt: skip
+    assert prompt_text({"input": items}) == "<user>hi\n<function_call_output>42"
+    assert output_tokens({"input": "hi", "max_output_tokens": 7}) == 7
 
 
 def test_breaker_opens_probes_and_closes() -> None:

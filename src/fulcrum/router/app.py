@@ -85,6 +85,10 @@ def build_app(
     async def completions(request: Request) -> Response:
         return await proxied(request, "/v1/completions")
 
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await proxied(request, "/v1/responses")
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         if (denied := unauthorized(request)) is not None:

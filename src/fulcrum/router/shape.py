@@ -27,6 +27,11 @@ def prompt_text(body: Mapping[str, Any]) -> str:
     """The text a worker will prefill, approximately: chat messages joined role by role (so
     requests sharing a system prompt share a leading text), or the completion prompt."""
     messages = body.get("messages")
+    if "input" in body and messages is None:  # the Responses API: instructions, then the input
+        items = body["input"]
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+        system = [{"role": "system", "content": body["instructions"]}] if body.get("instructions") else []
+        messages = system + (items if isinstance(items, list) else [])
     if isinstance(messages, list):
         parts = []
         for m in messages:
@@ -35,7 +40,8 @@ def prompt_text(body: Mapping[str, Any]) -> str:
             c = m.get("content")
             if isinstance(c, list):
                 c = "".join(str(p.get("text", "")) for p in c if isinstance(p, dict))
-            parts.append(f"<{m.get('role', '')}>{'' if c is None else c}")
+            c = m.get("output", m.get("arguments")) if c is None else c  # a Responses tool item
+            parts.append(f"<{m.get('role', m.get('type', ''))}>{'' if c is None else c}")
         return "\n".join(parts)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -52,7 +58,7 @@ def prompt_text(body: Mapping[str, Any]) -> str:
 
 
 def output_tokens(body: Mapping[str, Any]) -> int | None:
-    for key in ("max_completion_tokens", "max_tokens"):
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         v = body.get(key)
         if isinstance(v, int) and not isinstance(v, bool):
             return v
