@@ -483,6 +483,12 @@ class KernelConfig:
         "the weights are widened in registers and the activations stay in the model's dtype. "
         "0: never. The lowest row count measured faster than widening (BENCHMARKS §9.1).",
     )
+    fuse_fp8_quant: bool = _knob(
+        False,
+        "FP8 layers' GEMM steps take their input rows quantized by the kernel before them: the "
+        "RMSNorm (with its residual add) and SiLU-and-mul write e4m3 rows and their scales "
+        "instead of bf16 rows that a separate per-token quantization reads again.",
+    )
     cpu_packed_linear: bool = _knob(
         True,
         "Float32 linear layers on the CPU use a oneDNN-packed copy of their weights for the row "

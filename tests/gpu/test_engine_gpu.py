@@ -357,6 +357,25 @@ def test_fp8_close_to_transformers_tiny(tiny_llama: str, kind: str, extra: dict)
         assert_first_divergence_in_top(got[i], got_top[i], ref[i], ref_top[i], f"prompt {i}")
 
 
+def test_fused_fp8_quant_gives_the_same_tokens(tiny_llama: str) -> None:
+    """``fuse_fp8_quant``: the norm and SiLU kernels hand the FP8 GEMMs their rows quantized;
+    the GEMM inputs are the same bytes, so greedy tokens (prefill, mixed and decode steps past
+    the GEMV's rows, graphs and eager) equal the unfused path's."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 tensor cores need compute capability 8.9+")
+    prompts = _prompts(12, 200, seed=3)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    got = {}
+    for on in (True, False):
+        llm = LLM(tiny_llama, device="cuda", dtype="bfloat16", quantization="fp8", max_num_seqs=16,
+                  max_num_batched_tokens=128, num_kv_blocks=1024,
+                  kernel_config={"fuse_fp8_quant": on})  # fmt: skip
+        got[on] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        del llm
+        gc.collect()
+    assert got[True] == got[False]
+
+
 def test_prompt_logprobs_through_piecewise_graphs(tiny_llama: str) -> None:
     """Prompt logprobs read from the piecewise graphs' hidden states, over several chunks
     (300-token prompts at a 256-token budget), equal those of eager steps (float32), and score

@@ -9,6 +9,7 @@ import triton.language as tl
 
 from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
+from fulcrum.kv_cache.dtype import FP8_DTYPE as FP8
 
 
 @triton.jit
@@ -29,6 +30,48 @@ def _silu_and_mul_kernel(
     up = tl.load(x_ptr + row * stride_x + I + offs, mask=mask, other=0.0).to(tl.float32)
     y = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_and_mul_quant_kernel(
+    x_ptr, q_ptr, s_ptr, stride_x, stride_q, I: tl.constexpr, BLOCK: tl.constexpr,  # noqa: E741
+    PDL: tl.constexpr,
+):
+    # One program per row: the row's scale needs all of it. The product is rounded to the input
+    # dtype first, as ``silu_and_mul`` stores it, so the bytes equal the two kernels' in turn.
+    pdl.wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < I
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * stride_x + I + offs, mask=mask, other=0.0).to(tl.float32)
+    g = gate.to(tl.float32)
+    y = (g / (1.0 + tl.exp(-g)) * up).to(gate.dtype).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(y), 0), 1e-12) / 448.0
+    q = tl.clamp(y / scale, -448.0, 448.0)
+    tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + row, scale)
+
+
+def silu_and_mul_quant_fp8(
+    x: torch.Tensor, pdl_cfg: PdlConfig = pdl.DEFAULT
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``per_token_quant_fp8(silu_and_mul(x))`` in one kernel, for an FP8 GEMM next:
+    ``x [T, 2I]`` -> ``(q [T, I] float8_e4m3fn, scale [T, 1] float32)``."""
+    assert x.dim() == 2 and x.shape[-1] % 2 == 0
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    t, inter = x.shape[0], x.shape[1] // 2
+    q = torch.empty((t, inter), dtype=FP8, device=x.device)
+    s = torch.empty((t, 1), dtype=torch.float32, device=x.device)
+    if t:
+        block = triton.next_power_of_2(inter)
+        m = pdl.mode(x, t, pdl_cfg)
+        _silu_and_mul_quant_kernel[(t,)](
+            x, q, s, x.stride(0), q.stride(0), I=inter, BLOCK=block, PDL=m,
+            num_warps=max(1, min(16, block // 1024)), **pdl.launch_options(m),
+        )  # fmt: skip
+    return q, s
 
 
 def silu_and_mul(x: torch.Tensor, pdl_cfg: PdlConfig = pdl.DEFAULT) -> torch.Tensor:

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
+from fulcrum.kv_cache.dtype import FP8_DTYPE as FP8
 
 # ``weight_first`` (``KernelConfig.rmsnorm_weight_first``): the weight is read before the PDL
 # wait. No kernel writes it, and read after the reduction it would be one more memory round trip
@@ -40,6 +41,8 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     WEIGHT_FIRST: tl.constexpr,
     PDL: tl.constexpr,
+    QUANT: tl.constexpr = False,  # out is FP8 e4m3 with the row's scale at s_ptr (see below)
+    s_ptr=None,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -57,7 +60,15 @@ def _rms_norm_kernel(
     normed = (h * rstd).to(x.dtype).to(tl.float32)
     if not WEIGHT_FIRST:
         w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + offs, (normed * w).to(x.dtype), mask=mask)
+    y = (normed * w).to(x.dtype)
+    if QUANT:  # per_token_quant_fp8 of the row as the model's dtype holds it: the same bytes
+        yf = y.to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(yf), 0), 1e-12) / 448.0
+        q = tl.clamp(yf / scale, -448.0, 448.0)
+        tl.store(out_ptr + row * stride_o + offs, q.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(s_ptr + row, scale)
+    else:
+        tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
 
 
 def _launch(
@@ -67,19 +78,20 @@ def _launch(
     eps: float,
     pdl_cfg: PdlConfig,
     weight_first: bool,
+    scales: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     n = x.shape[-1]
     flat = x.dim() == 2  # the model's [tokens, hidden]: no reshapes (each costs host time)
     x2 = x if flat else x.reshape(-1, n)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x2.shape, dtype=x.dtype if scales is None else FP8, device=x.device)
     res2 = new_res = None
     if residual is not None:
         res2 = residual if flat else residual.reshape(-1, n)
         if res2.dtype != x.dtype or res2.stride(-1) != 1:
             res2 = res2.to(x.dtype).contiguous()
-        new_res = torch.empty_like(out)
+        new_res = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     rows = x2.shape[0]
     if rows > 0:
         block = triton.next_power_of_2(n)
@@ -100,6 +112,8 @@ def _launch(
             HAS_RESIDUAL=residual is not None,
             WEIGHT_FIRST=weight_first,
             PDL=m,
+            QUANT=scales is not None,
+            s_ptr=scales,
             num_warps=min(16, max(1, block // 512)),
             **pdl.launch_options(m),
         )
@@ -134,6 +148,23 @@ def fused_add_rms_norm(
     out, new_res = _launch(x, residual, weight, eps, pdl_cfg, weight_first)
     assert new_res is not None
     return out, new_res
+
+
+def rms_norm_quant_fp8(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    pdl_cfg: PdlConfig = pdl.DEFAULT,
+    weight_first: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q, scale, h)``: ``per_token_quant_fp8(rms_norm(h) * weight)`` with ``h = x`` or
+    ``x + residual``, in one kernel: the normed rows never go through memory in the model's
+    dtype (an FP8 GEMM takes them next). ``x`` is ``[T, N]``."""
+    assert x.dim() == 2 and weight.is_contiguous() and weight.shape == (x.shape[-1],)
+    scales = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
+    q, new_res = _launch(x, residual, weight, eps, pdl_cfg, weight_first, scales)
+    return q, scales, x if new_res is None else new_res
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -23,8 +23,7 @@ from fulcrum.distributed.layers import local_args, parallelize
 from fulcrum.distributed.parallel_state import tp_size
 from fulcrum.kernels.dispatch import DEFAULT, Configured, set_kernel_config
 from fulcrum.kv_cache.sliding_window import layer_windows, rope_layers
-from fulcrum.model.layers.activation import silu_and_mul
-from fulcrum.model.layers.linear import Linear, RopeKV, norm_linear, norm_linear_rope
+from fulcrum.model.layers.linear import Linear, RopeKV, norm_linear, norm_linear_rope, silu_linear
 from fulcrum.model.layers.norm import RMSNorm
 from fulcrum.model.layers.rotary import RotaryEmbedding
 from fulcrum.quant.base import QuantMethod
@@ -148,7 +147,7 @@ class MLP(Configured, nn.Module):
         self.down_proj = _linear(a.intermediate_size, a.hidden_size, False, quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x), self.kernel_config))
+        return silu_linear(self.gate_up_proj(x), self.down_proj, self.kernel_config)
 
 
 class DecoderLayer(Configured, nn.Module):
@@ -183,15 +182,15 @@ class DecoderLayer(Configured, nn.Module):
         """``(output, residual)`` from the attention rows ``o`` (``o_proj``'s input)."""
         m = self.self_attn.a.residual_multiplier
         attn = self.self_attn.o_proj(o)
-        act, residual = norm_linear(
+        out, residual = norm_linear(
             self.post_attention_layernorm,
             self.mlp.gate_up_proj,
             attn if m == 1.0 else attn * m,
             residual,
             self.kernel_config,
             silu=True,
+            then=self.mlp.down_proj,
         )
-        out = self.mlp.down_proj(act)
         return out if m == 1.0 else out * m, residual
 
 

@@ -101,12 +101,23 @@ class Fp8Linear(Configured, nn.Module):
             if not x2.is_cuda:
                 y = self._dequantized_mm(q, s).to(x.dtype)
                 return self._add_bias(y).view(*x.shape[:-1], self.out_features)
+        return self.forward_fp8(q, s, x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def takes_fp8_rows(self, x: torch.Tensor) -> bool:
+        """Whether ``x [T, *]``'s rows would be quantized per token for the GEMM on CUDA (not
+        the few-row GEMV): then the kernel before may hand them over quantized
+        (``forward_fp8``; ``kernel_config.fuse_fp8_quant``)."""
+        return x.shape[0] > GEMV_MAX_M and x.dim() == 2 and use_triton(x, self.kernel_config)
+
+    def forward_fp8(self, q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The layer on rows already quantized per token (``q`` e4m3 ``[T, in]``, ``s`` fp32
+        ``[T, 1]``): ``[T, out]`` in ``dtype``."""
         # Row-wise scales on CUDA come out in bf16 only with some backends (CUTLASS).
-        out_dtype = torch.bfloat16 if x2.is_cuda else x.dtype
+        out_dtype = torch.bfloat16 if q.is_cuda else dtype
         y = torch._scaled_mm(
             q, self.weight.t(), scale_a=s, scale_b=self.weight_scale, out_dtype=out_dtype
-        ).to(x.dtype)
-        return self._add_bias(y).view(*x.shape[:-1], self.out_features)
+        ).to(dtype)
+        return self._add_bias(y)
 
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
         # Added apart: not every backend takes a bias with row scales.

@@ -66,6 +66,24 @@ def _one_row_operands(layer: nn.Module, x: torch.Tensor, kc: KernelConfig):
     return (weight, bias, scale) if gemv.use_gemv(x, weight, kc.gemv.max_m) else None
 
 
+def _fp8_rows(layer: nn.Module, x: torch.Tensor, kc: KernelConfig) -> bool:
+    """Whether ``layer`` takes ``x``'s rows quantized by the kernel before it (an FP8 layer on
+    its GEMM path, ``kc.fuse_fp8_quant``)."""
+    takes = getattr(layer, "takes_fp8_rows", None)
+    return kc.fuse_fp8_quant and takes is not None and takes(x)
+
+
+def silu_linear(y: torch.Tensor, layer: nn.Module, kc: KernelConfig) -> torch.Tensor:
+    """``layer(silu_and_mul(y))``; an FP8 layer's GEMM takes the activation already quantized
+    (one kernel for both, ``kc.fuse_fp8_quant``)."""
+    if _fp8_rows(layer, y, kc):
+        from fulcrum.kernels.activation import silu_and_mul_quant_fp8
+
+        q, s = silu_and_mul_quant_fp8(y, kc.pdl)
+        return layer.forward_fp8(q, s, y.dtype)
+    return layer(silu_and_mul(y, kc))
+
+
 def norm_linear(
     norm: RMSNorm,
     layer: nn.Module,
@@ -73,25 +91,36 @@ def norm_linear(
     residual: torch.Tensor | None,
     kc: KernelConfig,
     silu: bool = False,
+    then: nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(layer(norm(h)), h)`` with ``h = x`` or ``x + residual``; with ``silu``,
     ``silu_and_mul`` of the projection (gate_up), in the projection's own kernel where it runs
     the one-row GEMV on CUDA (``gemv.silu_gemv``, when ``kc.gemv.fuse_silu``): the activation's
-    launch, and its trip through memory, drop out."""
-    x, h = _norm(norm, x, residual)
-    if silu:
-        operands = _one_row_operands(layer, x, kc) if kc.gemv.fuse_silu else None
+    launch, and its trip through memory, drop out; with ``then`` (the down projection) that
+    activation goes through ``then`` (``silu_linear``). An FP8 layer's GEMM takes its input
+    rows quantized by the kernel before it (``kc.fuse_fp8_quant``)."""
+    if _fp8_rows(layer, x, kc) and norm.weight.is_cuda:
+        from fulcrum.kernels.rmsnorm import rms_norm_quant_fp8
+
+        first = kc.rmsnorm_weight_first
+        q, s, h = rms_norm_quant_fp8(x, residual, norm.weight, norm.eps, kc.pdl, first)
+        y = layer.forward_fp8(q, s, x.dtype)
+    else:
+        x, h = _norm(norm, x, residual)
+        operands = _one_row_operands(layer, x, kc) if silu and kc.gemv.fuse_silu else None
         if operands is not None:
             from fulcrum.kernels import gemv
 
             weight, bias, scale = operands
             g = kc.gemv
-            y = gemv.silu_gemv(
+            act = gemv.silu_gemv(
                 x, weight, bias, scale=scale, pdl_cfg=kc.pdl, launch=g.launch, fp8_words=g.fp8_words
             )
-            return y, h
-    y = layer(x)
-    return (silu_and_mul(y, kc) if silu else y), h
+            return (act if then is None else then(act)), h
+        y = layer(x)
+    if not silu:
+        return y, h
+    return (silu_and_mul(y, kc) if then is None else silu_linear(y, then, kc)), h
 
 
 class RopeKV(NamedTuple):
