@@ -163,6 +163,31 @@ DISTRIBUTED_BACKENDS = ("auto", "nccl", "gloo")
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    """LoRA adapters served beside the base model (PEFT checkpoints), each by name; a request
+    names one (or none: the base model). Adapter ``i`` is slot ``i + 1``; slot 0 is the base."""
+
+    adapters: tuple[tuple[str, str], ...] = ()  # (name, adapter directory)
+
+    def __post_init__(self) -> None:
+        names = [n for n, _ in self.adapters]
+        for name in names:
+            if not name or "=" in name or name != name.strip():
+                raise ValueError(f"lora_modules: adapter name {name!r} must be non-empty, without '=' or spaces at either end.")
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"lora_modules: adapter name {sorted(dup)[0]!r} is given twice.")
+
+    def slot(self, name: str) -> int:
+        """The adapter's slot (1-based); ValueError naming the served adapters if unknown."""
+        for i, (n, _) in enumerate(self.adapters):
+            if n == name:
+                return i + 1
+        served = ", ".join(n for n, _ in self.adapters) or "none"
+        raise ValueError(f"lora: no adapter named {name!r} (served: {served}).")
+
+
+@dataclass(frozen=True)
 class ParallelConfig:
     """Tensor parallelism: one engine over ``tensor_parallel_size`` ranks (``distributed/``).
     Rank 0 lives in the engine process; the others are spawned worker processes."""
@@ -579,3 +604,4 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
     draft_model_config: ModelConfig | None = None  # speculative_config.method "draft_model"
     parallel_config: ParallelConfig = ParallelConfig()  # tensor parallelism (1: one device)
+    lora_config: LoRAConfig = LoRAConfig()  # no adapters: the base model only

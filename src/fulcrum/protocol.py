@@ -80,6 +80,7 @@ class EngineCoreRequest(msgspec.Struct, omit_defaults=True):
     cache_salt: str | None = None
     priority: int = 0
     client_index: int = 0  # which API process sent it (its outputs go back there)
+    lora: str | None = None  # a LoRA adapter's name (``lora_modules``); None: the base model
 
 
 class Logprobs(msgspec.Struct, array_like=True):

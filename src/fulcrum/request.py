@@ -68,6 +68,7 @@ class Request:
         self.arrival_time = arrival_time if arrival_time is not None else time.time()
         self.cache_salt = cache_salt
         self.priority = priority
+        self.lora_slot = 0  # its LoRA adapter (0: the base model)
         self.parent = parent  # n > 1: the sibling whose prefill this one shares
         self.num_preemptions = 0
         self.stop_reason: int | None = None

@@ -14,6 +14,7 @@ from fulcrum.config import (
     CacheConfig,
     EngineConfig,
     KernelConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -85,6 +86,9 @@ _HELP = {
     "gloo on the CPU), nccl, gloo.",
     "worker_timeout": "Seconds a tensor-parallel rank may take to start, or to answer one step's "
     "collective, before the engine fails naming the rank.",
+    "lora_modules": "LoRA adapters to serve beside the base model, each NAME=PATH (a PEFT "
+    "adapter directory: adapter_config.json and adapter_model.safetensors); a request selects "
+    "one by its model name. Steps run without CUDA graphs while adapters are loaded.",
     "speculative_config": "Speculative decoding as JSON in vLLM's names, e.g. "
     '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'; methods: '
     "ngram (prompt lookup), suffix (suffix trees over this and recent requests), draft_model "
@@ -176,6 +180,8 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     distributed_backend: str = "auto"
     worker_timeout: float = 120.0
+    # name -> PEFT adapter directory, or "name=path" strings (the CLI's form); None: no LoRA
+    lora_modules: Mapping[str, str] | list[str] | None = None
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -187,6 +193,10 @@ class EngineArgs:
                 g.add_argument(
                     flag, type=_cli_kernel_config, default=None, help=_kernel_config_help()
                 )
+                continue
+            if f.name == "lora_modules":
+                g.add_argument(flag, nargs="+", metavar="NAME=PATH", default=None,
+                               help=_HELP[f.name])  # fmt: skip
                 continue
             if f.name == "speculative_config":
                 g.add_argument(
@@ -294,6 +304,17 @@ class EngineArgs:
                 f"tensor_parallel_size={parallel_config.tensor_parallel_size} yet; use ngram or "
                 "suffix, or one rank."
             )
+        lora_config = parse_lora_modules(self.lora_modules)
+        if lora_config.adapters and parallel_config.tensor_parallel_size > 1:
+            raise ValueError(
+                "lora_modules: LoRA adapters are not supported with tensor_parallel_size="
+                f"{parallel_config.tensor_parallel_size} yet."
+            )
+        if lora_config.adapters and draft_model_config is not None:
+            raise ValueError(
+                'lora_modules: LoRA adapters are not supported with speculative_config.method '
+                '"draft_model" (the draft has no adapters); ngram and suffix work.'
+            )
         cache_config = CacheConfig(
             block_size=self.block_size,
             kv_cache_memory=self.kv_cache_memory,
@@ -314,7 +335,8 @@ class EngineArgs:
             scheduler_config=scheduler_config,
             device=device,
             attention_backend=self.attention_backend,
-            enforce_eager=self.enforce_eager or device.type != "cuda",
+            # Adapters' rows run eagerly: the captured graphs hold no LoRA path.
+            enforce_eager=self.enforce_eager or device.type != "cuda" or bool(lora_config.adapters),
             async_scheduling=self.async_scheduling == "on"
             or (self.async_scheduling == "auto" and device.type == "cuda"),
             piecewise_graph_max_tokens=self.piecewise_graph_max_tokens,
@@ -322,7 +344,31 @@ class EngineArgs:
             speculative_config=spec_config,
             draft_model_config=draft_model_config,
             parallel_config=parallel_config,
+            lora_config=lora_config,
         )
+
+
+def parse_lora_modules(value: Mapping[str, str] | list[str] | None) -> LoRAConfig:
+    """``{name: path}`` or ``["name=path", ...]`` -> ``LoRAConfig``; each path must be a PEFT
+    adapter directory (checked here, so a typo fails as one line naming the field)."""
+    if not value:
+        return LoRAConfig()
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        pairs = []
+        for item in value:
+            name, sep, path = item.partition("=")
+            if not sep:
+                raise ValueError(f"lora_modules: expected NAME=PATH, got {item!r}.")
+            pairs.append((name, path))
+    for name, path in pairs:
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            raise ValueError(
+                f"lora_modules: {name}={path} is not a PEFT adapter directory (no "
+                "adapter_config.json)."
+            )
+    return LoRAConfig(tuple((n, os.path.abspath(p)) for n, p in pairs))
 
 
 def _check_attention_backend(name: str, device: torch.device) -> None:

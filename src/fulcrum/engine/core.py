@@ -90,6 +90,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             sc, config.cache_config, num_blocks, config.model_config.vocab_size, eos,
             self.structured, config.speculative_config, kv_window=engine_kv_window(config),
+            lora_config=config.lora_config,
         )
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s); max_model_len %d holds %.1f "

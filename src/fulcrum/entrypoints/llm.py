@@ -81,6 +81,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; returns one ``RequestOutput`` per prompt, in order.
 
@@ -88,7 +89,8 @@ class LLM:
         ``prompt_token_ids`` and optionally ``cache_salt`` (prefix-cache namespace per tenant).
         ``priority``: one integer per prompt, lower first (default 0 each): the waiting queue
         admits lower values first, and when the KV cache runs out the highest value is
-        preempted first.
+        preempted first. ``lora``: the adapter (a ``lora_modules`` name) for every prompt, or
+        one name (None: the base model) per prompt.
         """
         items = self._normalize(prompts)
         if sampling_params is None:
@@ -107,10 +109,13 @@ class LLM:
             isinstance(p, int) and not isinstance(p, bool) for p in prios
         ):
             raise ValueError(f"priority: pass one integer per prompt ({len(items)}).")
+        loras = list(lora) if lora is not None and not isinstance(lora, str) else [lora] * len(items)
+        if len(loras) != len(items):
+            raise ValueError(f"lora: pass one adapter name, or one (or None) per prompt ({len(items)}).")
         order: list[str] = []
         try:
-            for prompt, sp, prio in zip(items, params, prios, strict=True):
-                order.append(self._add(prompt, sp, prio))
+            for prompt, sp, prio, name in zip(items, params, prios, loras, strict=True):
+                order.append(self._add(prompt, sp, prio, name))
             return self._run(order, use_tqdm)
         except BaseException:
             self.core.abort_requests(order)
@@ -120,7 +125,9 @@ class LLM:
                 self.core.step()
             raise
 
-    def _add(self, prompt: Prompt, sp: SamplingParams, priority: int = 0) -> str:
+    def _add(
+        self, prompt: Prompt, sp: SamplingParams, priority: int = 0, lora: str | None = None
+    ) -> str:
         text, ids = self._tokenize(prompt)
         full = ids
         ids = truncate_prompt(full, sp.truncate_prompt_tokens, self.max_model_len, sp.max_tokens)
@@ -130,7 +137,9 @@ class LLM:
         rid = str(next(self._ids))
         wire = to_wire(sp, resolve_max_tokens(sp, len(ids), self.max_model_len))
         self.core.add_request(
-            EngineCoreRequest(rid, ids, wire, time.time(), cache_salt=salt, priority=priority)
+            EngineCoreRequest(
+                rid, ids, wire, time.time(), cache_salt=salt, priority=priority, lora=lora
+            )
         )
         self.processor.add_request(rid, text, ids, sp, time.time(), stream=False)
         return rid

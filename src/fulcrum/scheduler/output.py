@@ -31,6 +31,7 @@ class NewRequestData:
     sampling_params: WireSamplingParams
     block_ids: list[int]  # its whole block table
     num_computed_tokens: int  # tokens with KV before this step (a prefix-cache hit, or 0)
+    lora_slot: int = 0  # its LoRA adapter's slot (0: the base model)
 
 
 @dataclass

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
-from fulcrum.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from fulcrum.config import CacheConfig, LoRAConfig, SchedulerConfig, SpeculativeConfig
 from fulcrum.kv_cache.manager import KVCacheManager
 from fulcrum.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
 from fulcrum.request import Request, RequestStatus
@@ -53,8 +53,10 @@ class Scheduler:
         structured: StructuredOutputManager | None = None,
         spec_config: SpeculativeConfig | None = None,
         kv_window: int | None = None,  # every layer's window: older KV blocks are released
+        lora_config: LoRAConfig = LoRAConfig(),
     ) -> None:
         self.config = config
+        self.lora_config = lora_config
         self.structured = structured
         self.block_size = cache_config.block_size
         self.kv = KVCacheManager(
@@ -108,6 +110,10 @@ class Scheduler:
                 raise ValueError(
                     f"{name}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})."
                 )
+        lora_slot, salt = 0, req.cache_salt
+        if req.lora is not None:  # an adapter's KV differs from the base model's: its own cache
+            lora_slot = self.lora_config.slot(req.lora)
+            salt = f"{salt or ''}\x00lora:{req.lora}"
         sp.all_stop_token_ids = sorted(self.eos_token_ids)
         grammar = None
         if sp.structured_outputs is not None:
@@ -119,9 +125,10 @@ class Scheduler:
             seqs.append(
                 Request(
                     req.request_id, i, list(prompt), sp, self.eos_token_ids, req.arrival_time,
-                    req.cache_salt, req.priority, parent=seqs[0] if i else None,
+                    salt, req.priority, parent=seqs[0] if i else None,
                 )
             )
+            seqs[-1].lora_slot = lora_slot
             seqs[-1].grammar = grammar
         self.requests[req.request_id] = seqs
         self.waiting.extend(seqs)
@@ -300,7 +307,7 @@ class Scheduler:
             out.scheduled_new_reqs.append(
                 NewRequestData(
                     req.key, req.index, req.prompt_token_ids, req.output_token_ids, req.params,
-                    list(blocks), start,
+                    list(blocks), start, req.lora_slot,
                 )
             )
         else:

@@ -40,6 +40,7 @@ class ReqState:
     fused_sample: bool  # the sort-free sampler serves it (``sampler.fused_sampling``)
     generator: torch.Generator | None = None  # seeded sorting-sampler draws (made on first use)
     edits: LogitEdits | None = None  # logit_bias, allowed_token_ids (``worker/logit_edits.py``)
+    lora_slot: int = 0  # its LoRA adapter (0: the base model)
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -110,7 +111,7 @@ class InputBuilder:
             st = ReqState(
                 new.req_id, new.index, p, new.prompt_token_ids,
                 new.prompt_token_ids + new.output_token_ids, row, 0,
-                plain_greedy(p), fused_sampling(p), edits=logit_edits(p),
+                plain_greedy(p), fused_sampling(p), edits=logit_edits(p), lora_slot=new.lora_slot,
             )
             st.append_blocks(new.block_ids)
             old = held.get(new.req_id)

@@ -40,6 +40,7 @@ from fulcrum.attention.selector import get_backend_cls
 from fulcrum.config import EngineConfig, KernelConfig
 from fulcrum.kernels.dispatch import use_triton
 from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
+from fulcrum.lora.layers import LoRAContext
 from fulcrum.model.layers.linear import Linear
 from fulcrum.model.layers.packed_cpu import pack_linear_weights
 from fulcrum.model.loader.weights import load_model
@@ -76,6 +77,13 @@ class ModelRunner:
         )
         torch.manual_seed(mc.seed)
         self.model, self.load_time = load_model(mc, self.attn_backend, self.device, kc)
+        self.lora: LoRAContext | None = None  # adapters' rows of the step (lora_modules)
+        if config.lora_config.adapters:
+            from fulcrum.lora.adapter import load_adapter
+            from fulcrum.lora.layers import install_adapters
+
+            adapters = [load_adapter(n, p) for n, p in config.lora_config.adapters]
+            self.lora = install_adapters(self.model, adapters, self.device, self.dtype)
         if kc.cpu_packed_linear:
             spec = config.speculative_config is not None  # verify steps of 2 to k + 1 rows
             pack_linear_weights(self.model, Linear, spec)
@@ -323,6 +331,8 @@ class ModelRunner:
         self._patch(ids_dev, dst, src)
         pos_dev = st.put("pos", pos, torch.int64)
         st.fence()
+        if self.lora is not None:
+            self.lora.set_rows(np.array([s.lora_slot for s in states]))
         hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
         return self.model.compute_logits(hidden), None, False
 
@@ -397,6 +407,8 @@ class ModelRunner:
             attend = lambda i, q, k, v: layers[i].self_attn.backend.attend(q, k, v, kv[i], meta)  # noqa: E731
             hidden = pw.run(bucket, attend)
         else:
+            if self.lora is not None:
+                self.lora.set_rows(np.repeat([s.lora_slot for s in states], gb.counts))
             hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
         prompt_lps = None
         if any(st.params.prompt_logprobs is not None for st in states):

@@ -1,0 +1,1 @@
+"""LoRA adapters (PEFT checkpoints) served beside the base model, a request picking one."""

@@ -1,0 +1,110 @@
+"""Adapters applied to a step's rows: each targeted linear layer is wrapped so that
+
+    y = base(x);   y[rows of slot s, shard] += scaling_s * (x[rows] @ A_s^T) @ B_s^T
+
+for every adapter slot ``s`` in the step. A fused projection (``qkv_proj``, ``gate_up_proj``)
+takes each checkpoint module's update on its own slice of the output, as its weights were
+loaded. The runner tells the shared ``LoRAContext`` which slot each token row uses before the
+forward; rows of the base model (slot 0) cost nothing. The wrapper exposes none of the fused
+fast paths' hooks (``gemv_operands``, ``takes_fp8_rows``), so a wrapped layer always runs as a
+plain call."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from fulcrum.lora.adapter import LoRAAdapter
+
+# Checkpoint module names that name no projection an adapter may change here.
+_REFUSED = ("embed_tokens", "lm_head")
+
+
+class LoRAContext:
+    """The step's token rows grouped by adapter slot (device index tensors)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.groups: list[tuple[int, torch.Tensor]] = []
+
+    def set_rows(self, slots: np.ndarray) -> None:
+        """``slots[t]``: token row ``t``'s adapter slot (0: the base model)."""
+        self.groups = []
+        if not slots.any():
+            return
+        for s in np.unique(slots):
+            if s:
+                rows = torch.from_numpy(np.flatnonzero(slots == s)).to(self.device)
+                self.groups.append((int(s), rows))
+
+
+class LoRALinear(nn.Module):
+    def __init__(self, base: nn.Module, ctx: LoRAContext) -> None:
+        super().__init__()
+        self.base = base
+        self.ctx = ctx
+        # slot -> [(output offset, size, A [r, in], B [size, r], scaling)]
+        self.updates: dict[int, list[tuple[int, int, torch.Tensor, torch.Tensor, float]]] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        if not self.ctx.groups:
+            return y
+        x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
+        for slot, rows in self.ctx.groups:
+            updates = self.updates.get(slot)
+            if not updates:
+                continue
+            xs = x2.index_select(0, rows)
+            for offset, size, a, b, scaling in updates:
+                delta = (xs @ a.t()) @ b.t() * scaling
+                y2.narrow(1, offset, size).index_add_(0, rows, delta.to(y2.dtype))
+        return y
+
+
+def install_adapters(
+    model: nn.Module, adapters: list[LoRAAdapter], device: torch.device, dtype: torch.dtype
+) -> LoRAContext:
+    """Wrap each linear layer an adapter targets (adapter ``i`` is slot ``i + 1``); the
+    weights move to ``device`` in ``dtype``. Raises naming the adapter and module for a
+    target the model does not have or a shape it does not match."""
+    ctx = LoRAContext(device)
+    fused = getattr(model, "_FUSED", {})
+    for slot, adapter in enumerate(adapters, start=1):
+        for module, (a, b) in adapter.weights.items():
+            if any(part in module.split(".") for part in _REFUSED):
+                raise ValueError(f"lora_modules: adapter {adapter.name!r} changes {module}; "
+                                 "only the attention and MLP projections take LoRA here.")  # fmt: skip
+            target, offset = module, None
+            for frag, (fused_frag, shard) in fused.items():
+                if frag in module + ".":
+                    target = (module + ".").replace(frag, fused_frag).rstrip(".")
+                    offset = model._shard_offsets(fused_frag, shard)
+                    break
+            try:
+                layer = model.get_submodule(target)
+            except AttributeError:
+                raise ValueError(f"lora_modules: adapter {adapter.name!r} targets {module}, "
+                                 "which this model does not have.") from None  # fmt: skip
+            wrapper = layer if isinstance(layer, LoRALinear) else None
+            base = wrapper.base if wrapper is not None else layer
+            n_in, n_out = getattr(base, "in_features", None), getattr(base, "out_features", None)
+            if n_in is None or n_out is None:
+                raise ValueError(f"lora_modules: adapter {adapter.name!r} targets {module}, "
+                                 "which is not a linear layer.")  # fmt: skip
+            off, size = offset if offset is not None else (0, n_out)
+            if tuple(a.shape) != (adapter.rank, n_in) or tuple(b.shape) != (size, adapter.rank):
+                raise ValueError(
+                    f"lora_modules: adapter {adapter.name!r}, {module}: A {tuple(a.shape)} and "
+                    f"B {tuple(b.shape)} do not fit a [{size}, {n_in}] projection at rank "
+                    f"{adapter.rank}."
+                )
+            if wrapper is None:
+                wrapper = LoRALinear(base, ctx)
+                parent, _, leaf = target.rpartition(".")
+                setattr(model.get_submodule(parent), leaf, wrapper)
+            wrapper.updates.setdefault(slot, []).append(
+                (off, size, a.to(device, dtype), b.to(device, dtype), adapter.scaling)
+            )
+    return ctx

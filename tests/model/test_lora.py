@@ -1,0 +1,87 @@
+"""LoRA adapters (PEFT checkpoints made here by PEFT itself on the tiny Llama): greedy tokens equal
+PEFT's own model on the CPU in float32, with base-model rows and two adapters (every projection,
+and q/v only with rsLoRA scaling) in one batch, chunked prefill beside decodes, asynchronous
+scheduling, and prefix-cache entries never shared between an adapter and the base model; bad
+adapters and names are refused by name."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from fulcrum import LLM, SamplingParams
+from spec_helpers import spec_prompts, toks
+
+MAX_NEW = 10
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _peft_greedy(model, prompts: list[list[int]]) -> list[list[int]]:
+    outs = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)  # fmt: skip
+        outs.append(out[0, len(p) :].tolist())
+    return outs
+
+
+@pytest.fixture(scope="module")
+def case(tiny_models, tmp_path_factory):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = tiny_models["llama"]
+    prompts = spec_prompts(5)[:4]
+    root = tmp_path_factory.mktemp("lora")
+    ref: dict[str | None, list[list[int]]] = {}
+    dirs = {}
+    for name, targets, extra in [("all", ALL, {}), ("qv", ["q_proj", "v_proj"], {"use_rslora": True})]:
+        torch.manual_seed(len(name))
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+        cfg = LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False, **extra)
+        peft = get_peft_model(model, cfg).eval()
+        dirs[name] = str(root / name)
+        peft.save_pretrained(dirs[name])
+        ref[name] = _peft_greedy(peft, prompts)
+    ref[None] = _peft_greedy(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), prompts)
+    assert ref["all"] != ref[None] and ref["qv"] != ref[None]  # each adapter changes the output
+    return base, prompts, dirs, ref
+
+
+@pytest.mark.parametrize("async_scheduling", ["off", "on"])
+def test_adapters_and_base_in_one_batch(case, async_scheduling: str) -> None:
+    base, prompts, dirs, ref = case
+    llm = LLM(base, device="cpu", dtype="float32", block_size=4, lora_modules=dirs,
+              max_num_batched_tokens=24, async_scheduling=async_scheduling)  # fmt: skip
+    names = [None, "all", "qv"]
+    batch = [(p, n) for p in prompts for n in names]  # the same prompt under each: no sharing
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    outs = llm.generate([p for p, _ in batch], params, use_tqdm=False, lora=[n for _, n in batch])
+    for (p, n), got in zip(batch, toks(outs), strict=True):
+        assert got == ref[n][prompts.index(p)], (n, p)
+    # again, one adapter for all: the blocks the base model cached serve none of these
+    outs = llm.generate(prompts, params, use_tqdm=False, lora="qv")
+    assert toks(outs) == ref["qv"]
+    assert toks(llm.generate(prompts, params, use_tqdm=False)) == ref[None]
+
+
+def test_bad_adapters_and_names(case, tmp_path) -> None:
+    base, prompts, dirs, _ = case
+    with pytest.raises(ValueError, match="lora_modules: .* is not a PEFT adapter directory"):
+        LLM(base, device="cpu", dtype="float32", lora_modules={"x": str(tmp_path)})
+    with pytest.raises(ValueError, match="lora_modules: expected NAME=PATH"):
+        LLM(base, device="cpu", dtype="float32", lora_modules=["nopath"])
+    dora = tmp_path / "dora"
+    dora.mkdir()
+    cfg = json.load(open(os.path.join(dirs["qv"], "adapter_config.json")))
+    json.dump({**cfg, "use_dora": True}, open(dora / "adapter_config.json", "w"))
+    with pytest.raises(ValueError, match="adapter 'd': use_dora=True is not supported"):
+        LLM(base, device="cpu", dtype="float32", lora_modules={"d": str(dora)})
+    llm = LLM(base, device="cpu", dtype="float32", lora_modules={"qv": dirs["qv"]})
+    with pytest.raises(ValueError, match="lora: no adapter named 'nope' \\(served: qv\\)"):
+        llm.generate(prompts[:1], SamplingParams(max_tokens=2), use_tqdm=False, lora="nope")
