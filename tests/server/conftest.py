@@ -6,7 +6,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from srv_helpers import API_KEY, MAX_MODEL_LEN, MAX_REQUEST_BYTES, Server, start_server, stop_server
+from srv_helpers import (
+    ADAPTER,
+    API_KEY,
+    MAX_MODEL_LEN,
+    MAX_REQUEST_BYTES,
+    Server,
+    make_adapter,
+    start_server,
+    stop_server,
+)
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +35,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "on",  # as on CUDA: step N+1 is launched before step N's tokens are read back
         "--reasoning-parser",
         "qwen3",  # only outputs that open with <think> are split: the others are untouched
+        "--lora-modules",  # requests naming it run the adapter; the CPU runs eager anyway
+        f"{ADAPTER}={make_adapter(tmp + '/adapter')}",
     )
     yield s
     stop_server(s)

@@ -22,6 +22,34 @@ MAX_REQUEST_BYTES = 256 * 1024
 SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 
 
+ADAPTER = "smol-lora"  # the shared server's LoRA adapter (``make_adapter``)
+SCALE = 0.1  # changes the answers, keeps them text
+
+
+def make_adapter(path: str, rank: int = 8, seed: int = 0) -> str:
+    """A PEFT-format LoRA adapter for the embedded model (q_proj and v_proj of its 30 layers,
+    random A and B large enough to change its answers), written without PEFT."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for i in range(30):
+        for proj, out in (("q_proj", 576), ("v_proj", 192)):
+            key = f"base_model.model.model.layers.{i}.self_attn.{proj}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, 576, generator=g) * SCALE
+            tensors[f"{key}.lora_B.weight"] = torch.randn(out, rank, generator=g) * SCALE
+    os.makedirs(path, exist_ok=True)
+    save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+    cfg = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank,
+           "target_modules": ["q_proj", "v_proj"], "bias": "none"}  # fmt: skip
+    with open(os.path.join(path, "adapter_config.json"), "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
 def free_port() -> int:
     """A free port in 20000-32767: above Ray's worker ports (10002-19999) and below the kernel's
     ephemeral range (32768+), so no process that asks the kernel for a port (Ray's many gRPC

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from srv_helpers import MAX_MODEL_LEN, MODEL, Server
+from srv_helpers import ADAPTER, MAX_MODEL_LEN, MODEL, Server
 
 MSG = [{"role": "user", "content": "Name three colors."}]
 
@@ -15,7 +15,7 @@ def stream_chat(client: Any, **kw: Any) -> tuple[dict[int, str], dict[int, list[
     """Texts per index, finish reasons per index, and all chunks."""
     texts: dict[int, str] = {}
     reasons: dict[int, list[str]] = {}
-    chunks = list(client.chat.completions.create(model=MODEL, stream=True, **kw))
+    chunks = list(client.chat.completions.create(**{"model": MODEL, **kw}, stream=True))
     for ch in chunks:
         for c in ch.choices:
             texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
@@ -26,10 +26,28 @@ def stream_chat(client: Any, **kw: Any) -> tuple[dict[int, str], dict[int, list[
 
 def test_models(server: Server, client: Any) -> None:
     models = client.models.list()
-    assert [m.id for m in models.data] == [MODEL]
+    assert [m.id for m in models.data] == [MODEL, ADAPTER]  # the base model, then its adapter
     assert client.models.retrieve(MODEL).id == MODEL
     status, body = server.json("GET", "/v1/models")
     assert status == 200 and body["data"][0]["max_model_len"] == MAX_MODEL_LEN
+    assert body["data"][1]["parent"] == MODEL and body["data"][0]["parent"] is None
+
+
+def test_lora_adapter_by_model_name(client: Any) -> None:
+    """``--lora-modules``: a request naming the adapter runs it (chat, completions, streamed);
+    the base model's cached prefix serves none of its prompts."""
+    kw: dict[str, Any] = dict(messages=MSG, max_tokens=10, temperature=0)
+    first = client.chat.completions.create(model=ADAPTER, **kw)
+    base = client.chat.completions.create(model=MODEL, **kw)
+    again = client.chat.completions.create(model=ADAPTER, **kw)  # after the base cached it
+    assert first.model == ADAPTER and base.model == MODEL
+    assert first.choices[0].message.content != base.choices[0].message.content
+    assert again.choices[0].message.content == first.choices[0].message.content
+    texts, _, _ = stream_chat(client, model=ADAPTER, **kw)
+    assert texts[0] == first.choices[0].message.content
+    comp = client.completions.create(model=ADAPTER, prompt="The sky is", max_tokens=5, temperature=0)
+    plain = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=5, temperature=0)
+    assert comp.choices[0].text != plain.choices[0].text
 
 
 def test_chat_stream_equals_nonstream_greedy(client: Any) -> None:

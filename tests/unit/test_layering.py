@@ -27,6 +27,7 @@ RANKS: dict[str, int] = {
     "spec_decode": 4,
     "structured": 4,
     "model": 3,
+    "lora": 3,
     "distributed": 3,
     "attention": 2,
     "quant": 2,

@@ -221,6 +221,7 @@ class AsyncEngine:
         cache_salt: str | None = None,
         stream: bool = True,
         priority: int = 0,
+        lora: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Submit one request now; the returned iterator yields its outputs until it finishes.
 
@@ -246,6 +247,7 @@ class AsyncEngine:
                 arrival_time=arrival,
                 cache_salt=cache_salt,
                 priority=priority,
+                lora=lora,
             ),
         )
         if self.stats_sink is not None:

@@ -112,20 +112,25 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
 
     def model_card(name: str) -> ModelCard:
         assert state.engine is not None
+        opts = state.options
+        adapter = opts.lora_adapters.get(name)
         return ModelCard(
             id=name,
             created=state.started_at,
-            root=state.options.model_root,
+            root=adapter or opts.model_root,
+            parent=opts.served_model_names[0] if adapter else None,
             max_model_len=state.engine.max_model_len,
         )
 
     @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
     async def list_models() -> ModelList:
-        return ModelList(data=[model_card(n) for n in state.options.served_model_names])
+        names = [*state.options.served_model_names, *state.options.lora_adapters]
+        return ModelList(data=[model_card(n) for n in names])
 
     @app.get("/v1/models/{model:path}", response_model=ModelCard, responses=_ERRORS)
     async def retrieve_model(model: str) -> ModelCard:
-        if model not in state.options.served_model_names:
+        opts = state.options
+        if model not in opts.served_model_names and model not in opts.lora_adapters:
             raise E.model_not_found(model)
         return model_card(model)
 

@@ -268,6 +268,8 @@ def run_serve(args: argparse.Namespace) -> int:
     options = serve_options(args, engine_args)
     _check_tls(args)
     if ray_cli.wanted(args):  # replicas on Ray Serve; each resolves the model on its own node
+        if options.lora_adapters:
+            raise SystemExit("--lora-modules: not supported with --ray yet.")
         return ray_cli.run_serve_ray(args, options, engine_args)
     # Resolve the model here so bad arguments fail with one line before the server starts.
     engine_config = engine_args.create_engine_config()
@@ -296,9 +298,18 @@ def _check_tls(args: argparse.Namespace) -> None:
 
 
 def serve_options(args: argparse.Namespace, engine_args: EngineArgs) -> Any:
+    from fulcrum.engine.arg_utils import parse_lora_modules
     from fulcrum.entrypoints.openai.serving_base import ServeOptions
 
     names = args.served_model_name or [args.model or DEFAULT_MODEL_NAME]
+    try:
+        adapters = dict(parse_lora_modules(engine_args.lora_modules).adapters)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    clash = set(adapters) & set(names)
+    if clash:
+        raise SystemExit(f"--lora-modules: adapter name {sorted(clash)[0]!r} is also a served "
+                         "model name (--served-model-name).")  # fmt: skip
     return ServeOptions(
         served_model_names=names,
         model_root=args.model or DEFAULT_MODEL_NAME,
@@ -318,4 +329,5 @@ def serve_options(args: argparse.Namespace, engine_args: EngineArgs) -> Any:
         shutdown_timeout=args.shutdown_timeout,
         log_requests_file=args.log_requests_file,
         allowed_origins=list(args.allowed_origins or []),
+        lora_adapters=adapters,
     )

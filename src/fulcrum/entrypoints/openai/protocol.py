@@ -324,6 +324,7 @@ class ModelCard(OpenAIBaseModel):
     created: int
     owned_by: str = "fulcrum"
     root: str | None = None
+    parent: str | None = None  # a LoRA adapter's base model
     max_model_len: int | None = None
 
 

@@ -53,6 +53,7 @@ class ServeOptions:
     shutdown_timeout: float = 30.0
     log_requests_file: str | None = None
     allowed_origins: list[str] = field(default_factory=list)  # CORS; empty: no CORS headers
+    lora_adapters: dict[str, str] = field(default_factory=dict)  # name -> adapter directory
 
 
 @dataclass
@@ -177,7 +178,7 @@ class OpenAIServing:
     def check_model(self, model: str | None) -> str:
         if model is None or model == "":
             return self.state.model_name
-        if model not in self.opts.served_model_names:
+        if model not in self.opts.served_model_names and model not in self.opts.lora_adapters:
             raise model_not_found(model)
         return model
 
@@ -347,6 +348,7 @@ class OpenAIServing:
             cache_salt=req.cache_salt,
             stream=req.stream,
             priority=req.priority,
+            lora=req.model if req.model in self.opts.lora_adapters else None,
         )
 
     def new_request_id(self, prefix: str) -> str:
