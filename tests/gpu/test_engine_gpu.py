@@ -403,3 +403,32 @@ def test_prompt_logprobs_through_piecewise_graphs(tiny_llama: str) -> None:
             assert a[n + i][tok].rank == 1
             assert a[n + i][tok].logprob == pytest.approx(out.outputs[0].logprobs[i][tok].logprob,
                                                           abs=1e-3)  # fmt: skip
+
+
+def test_lora_adapter_on_cuda(tiny_llama: str, tmp_path) -> None:
+    """A PEFT adapter on every projection, its rows mixed with base-model rows: greedy tokens
+    on CUDA in float32 equal PEFT's own model there (eager steps, as with any adapter)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(4)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft = get_peft_model(hf, LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                                         init_lora_weights=False)).eval()  # fmt: skip
+    peft.save_pretrained(str(tmp_path / "a"))
+    peft = peft.cuda()
+    prompts = _prompts(6, 100, seed=5)
+    ref = []
+    for p in prompts:
+        ids = torch.tensor([p], device="cuda")
+        with torch.no_grad():
+            out = peft.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                                do_sample=False, pad_token_id=0)  # fmt: skip
+        ref.append(out[0, len(p) :].tolist())
+    llm = LLM(tiny_llama, device="cuda", dtype="float32", lora_modules={"a": str(tmp_path / "a")},
+              num_kv_blocks=512)  # fmt: skip
+    assert not llm.core.runner.use_cuda_graphs
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate(prompts + prompts, params, use_tqdm=False, lora=["a"] * 6 + [None] * 6)
+    assert [list(o.outputs[0].token_ids) for o in outs[:6]] == ref
