@@ -418,7 +418,7 @@ def test_lora_adapter_on_cuda(tiny_llama: str, tmp_path) -> None:
                                          init_lora_weights=False)).eval()  # fmt: skip
     peft.save_pretrained(str(tmp_path / "a"))
     peft = peft.cuda()
-    prompts = _prompts(6, 100, seed=5)
+    prompts = _prompts(6, 320, seed=5)
     ref = []
     for p in prompts:
         ids = torch.tensor([p], device="cuda")
