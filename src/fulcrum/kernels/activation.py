@@ -9,6 +9,7 @@ import triton.language as tl
 
 from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
+from fulcrum.kernels.quant_fp8 import store_row_fp8
 from fulcrum.kv_cache.dtype import FP8_DTYPE as FP8
 
 
@@ -47,10 +48,7 @@ def _silu_and_mul_quant_kernel(
     up = tl.load(x_ptr + row * stride_x + I + offs, mask=mask, other=0.0).to(tl.float32)
     g = gate.to(tl.float32)
     y = (g / (1.0 + tl.exp(-g)) * up).to(gate.dtype).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(y), 0), 1e-12) / 448.0
-    q = tl.clamp(y / scale, -448.0, 448.0)
-    tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_ptr + row, scale)
+    store_row_fp8(y, q_ptr + row * stride_q, s_ptr, row, offs, mask)
 
 
 def silu_and_mul_quant_fp8(

@@ -18,6 +18,16 @@ from fulcrum.kv_cache.dtype import FP8_MAX
 
 
 @triton.jit
+def store_row_fp8(y, q_row_ptr, s_ptr, row, offs, mask):
+    """One row ``y`` (fp32, whole in the program) stored as e4m3 at ``q_row_ptr + offs`` with
+    its scale at ``s_ptr + row``; kernels that make a GEMM's input rows end with it."""
+    scale = tl.maximum(tl.max(tl.abs(y), 0), 1e-12) / 448.0
+    q = tl.clamp(y / scale, -448.0, 448.0)
+    tl.store(q_row_ptr + offs, q.to(q_row_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + row, scale)
+
+
+@triton.jit
 def _per_token_quant_kernel(
     x_ptr, q_ptr, s_ptr, stride_x, stride_q, K, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):
@@ -26,10 +36,7 @@ def _per_token_quant_kernel(
     offs = tl.arange(0, BLOCK)
     mask = offs < K
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), 0), 1e-12) / 448.0
-    q = tl.clamp(x / scale, -448.0, 448.0)
-    tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_ptr + row, scale)
+    store_row_fp8(x, q_ptr + row * stride_q, s_ptr, row, offs, mask)
 
 
 def per_token_quant_fp8(

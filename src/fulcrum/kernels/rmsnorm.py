@@ -17,6 +17,7 @@ import triton.language as tl
 
 from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
+from fulcrum.kernels.quant_fp8 import store_row_fp8
 from fulcrum.kv_cache.dtype import FP8_DTYPE as FP8
 
 # ``weight_first`` (``KernelConfig.rmsnorm_weight_first``): the weight is read before the PDL
@@ -62,11 +63,7 @@ def _rms_norm_kernel(
         w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     y = (normed * w).to(x.dtype)
     if QUANT:  # per_token_quant_fp8 of the row as the model's dtype holds it: the same bytes
-        yf = y.to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(yf), 0), 1e-12) / 448.0
-        q = tl.clamp(yf / scale, -448.0, 448.0)
-        tl.store(out_ptr + row * stride_o + offs, q.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(s_ptr + row, scale)
+        store_row_fp8(y.to(tl.float32), out_ptr + row * stride_o, s_ptr, row, offs, mask)
     else:
         tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
 

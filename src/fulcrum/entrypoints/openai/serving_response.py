@@ -125,8 +125,9 @@ class ResponseContext(ABC):
             self.log()
         yield DONE
 
-    async def full(self, source: Any) -> Response:
-        """The whole body, once every output is final (aborted if the client leaves first)."""
+    async def collect_whole(self, source: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """``whole()`` once every output is final (aborted if the client leaves first); the
+        request is logged."""
         try:
             await run_until_disconnect(self.raw, self.collect(source))
         except BaseException as e:
@@ -138,5 +139,10 @@ class ResponseContext(ABC):
             raise
         choices, usage = self.whole()
         self.log()
+        return choices, usage
+
+    async def full(self, source: Any) -> Response:
+        """The whole body, once every output is final."""
+        choices, usage = await self.collect_whole(source)
         body = {**self.envelope(self.object, choices), "usage": usage, **self.extra()}
         return Response(encode_json(body), media_type="application/json")

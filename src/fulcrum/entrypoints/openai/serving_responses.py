@@ -28,7 +28,6 @@ from fulcrum.entrypoints.openai.responses_protocol import (
     ResponsesRequest,
     chat_request,
 )
-from fulcrum.entrypoints.openai.serving_base import run_until_disconnect
 from fulcrum.entrypoints.openai.serving_chat import ServingChat
 from fulcrum.entrypoints.openai.sse import encode_json
 
@@ -98,17 +97,7 @@ class ServingResponses:
                 headers={"Cache-Control": "no-cache"},
                 background=BackgroundTask(ctx.cleanup),
             )
-        try:
-            await run_until_disconnect(raw, ctx.collect(gen))
-        except BaseException as e:
-            await ctx.cleanup()
-            if isinstance(e, EngineDeadError):
-                raise engine_dead(str(e)) from None
-            if isinstance(e, ValueError):
-                raise value_error(e) from None
-            raise
-        choices, usage = ctx.whole()
-        ctx.log()
+        choices, usage = await ctx.collect_whole(gen)
         message = choices[0]["message"]
         output = []
         if message.get("reasoning_content"):
