@@ -99,7 +99,7 @@ def norm_linear(
     launch, and its trip through memory, drop out; with ``then`` (the down projection) that
     activation goes through ``then`` (``silu_linear``). An FP8 layer's GEMM takes its input
     rows quantized by the kernel before it (``kc.fuse_fp8_quant``)."""
-    if _fp8_rows(layer, x, kc) and norm.weight.is_cuda:
+    if _fp8_rows(layer, x, kc) and type(norm) is RMSNorm:  # the kernel computes this norm
         from fulcrum.kernels.rmsnorm import rms_norm_quant_fp8
 
         first = kc.rmsnorm_weight_first
