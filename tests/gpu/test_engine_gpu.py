@@ -406,8 +406,9 @@ def test_prompt_logprobs_through_piecewise_graphs(tiny_llama: str) -> None:
 
 
 def test_lora_adapter_on_cuda(tiny_llama: str, tmp_path) -> None:
-    """A PEFT adapter on every projection, its rows mixed with base-model rows: greedy tokens
-    on CUDA in float32 equal PEFT's own model there (eager steps, as with any adapter)."""
+    """A PEFT adapter on every projection: greedy tokens on CUDA in float32 equal PEFT's own
+    model there, its rows mixed with base-model rows (such steps run eagerly); then base rows
+    alone (the captured graphs, which hold no adapter path) equal PEFT with the adapter off."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -419,16 +420,29 @@ def test_lora_adapter_on_cuda(tiny_llama: str, tmp_path) -> None:
     peft.save_pretrained(str(tmp_path / "a"))
     peft = peft.cuda()
     prompts = _prompts(6, 320, seed=5)
-    ref = []
-    for p in prompts:
-        ids = torch.tensor([p], device="cuda")
-        with torch.no_grad():
-            out = peft.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
-                                do_sample=False, pad_token_id=0)  # fmt: skip
-        ref.append(out[0, len(p) :].tolist())
+
+    def greedy() -> list[list[int]]:
+        ref = []
+        for p in prompts:
+            ids = torch.tensor([p], device="cuda")
+            with torch.no_grad():
+                out = peft.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                    max_new_tokens=12, do_sample=False, pad_token_id=0)  # fmt: skip
+            ref.append(out[0, len(p) :].tolist())
+        return ref
+
+    ref = greedy()
+    with peft.disable_adapter():
+        base = greedy()
+    assert ref != base
     llm = LLM(tiny_llama, device="cuda", dtype="float32", lora_modules={"a": str(tmp_path / "a")},
               num_kv_blocks=512)  # fmt: skip
-    assert not llm.core.runner.use_cuda_graphs
+    runner = llm.core.runner
+    assert runner.use_cuda_graphs
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outs = llm.generate(prompts + prompts, params, use_tqdm=False, lora=["a"] * 6 + [None] * 6)
-    assert [list(o.outputs[0].token_ids) for o in outs[:6]] == ref
+    got = [list(o.outputs[0].token_ids) for o in outs]
+    assert got[:6] == ref and got[6:] == base
+    replays = runner.graphs.num_replays
+    assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)] == base
+    assert runner.graphs.num_replays > replays  # base-only steps replayed the graphs

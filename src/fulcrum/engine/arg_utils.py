@@ -88,7 +88,7 @@ _HELP = {
     "collective, before the engine fails naming the rank.",
     "lora_modules": "LoRA adapters to serve beside the base model, each NAME=PATH (a PEFT "
     "adapter directory: adapter_config.json and adapter_model.safetensors); a request selects "
-    "one by its model name. Steps run without CUDA graphs while adapters are loaded.",
+    "one by its model name. Steps with an adapter's rows run without CUDA graphs.",
     "speculative_config": "Speculative decoding as JSON in vLLM's names, e.g. "
     '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'; methods: '
     "ngram (prompt lookup), suffix (suffix trees over this and recent requests), draft_model "
@@ -335,8 +335,7 @@ class EngineArgs:
             scheduler_config=scheduler_config,
             device=device,
             attention_backend=self.attention_backend,
-            # Adapters' rows run eagerly: the captured graphs hold no LoRA path.
-            enforce_eager=self.enforce_eager or device.type != "cuda" or bool(lora_config.adapters),
+            enforce_eager=self.enforce_eager or device.type != "cuda",
             async_scheduling=self.async_scheduling == "on"
             or (self.async_scheduling == "auto" and device.type == "cuda"),
             piecewise_graph_max_tokens=self.piecewise_graph_max_tokens,

@@ -7,7 +7,8 @@ takes each checkpoint module's update on its own slice of the output, as its wei
 loaded. The runner tells the shared ``LoRAContext`` which slot each token row uses before the
 forward; rows of the base model (slot 0) cost nothing. The wrapper exposes none of the fused
 fast paths' hooks (``gemv_operands``, ``takes_fp8_rows``), so a wrapped layer always runs as a
-plain call."""
+plain call. CUDA graphs are captured with no adapter rows: they hold the base path only, and the
+runner runs a step with any adapter row eagerly."""
 
 from __future__ import annotations
 

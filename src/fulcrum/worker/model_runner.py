@@ -233,7 +233,7 @@ class ModelRunner:
         """A verify step of decoding requests (n-gram or suffix guesses) replayed in the decode
         graph of its row count, one row per token (``InputBuilder.verify_batch``): no eager
         attention between piecewise segments. None where no graph holds it."""
-        if not self.use_cuda_graphs or self.graphs is None:
+        if not self._graphs_serve(states) or self.graphs is None:
             return None
         vb = self.inputs.verify_batch(out, states, starts)
         if vb is None or self.graphs.bucket(len(vb[0])) is None:
@@ -302,7 +302,7 @@ class ModelRunner:
         bs, n = self.block_size, len(ids)
         table = self.inputs.table(states, int(pos.max()) // bs + 1)
         slots = table.numpy()[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
-        if self.use_cuda_graphs and self.graphs is not None and self.graphs.bucket(n):
+        if self._graphs_serve(states) and self.graphs is not None and self.graphs.bucket(n):
             g = self.graphs
             params = self._graph_params(states, pos + 1) if may_draw else None
             if g.patch_in_graph and self._prev_sampled is not self._graph_ids:
@@ -335,6 +335,11 @@ class ModelRunner:
             self.lora.set_rows(np.array([s.lora_slot for s in states]))
         hidden = self.model(ids_dev, pos_dev, self.kv_caches, meta)
         return self.model.compute_logits(hidden), None, False
+
+    def _graphs_serve(self, states: list[ReqState]) -> bool:
+        """Whether the captured graphs may run this step: they hold the base model's path only
+        (captured with no adapter rows), so a step with any LoRA row runs eagerly."""
+        return self.use_cuda_graphs and (self.lora is None or not any(s.lora_slot for s in states))
 
     def _graph_params(self, states: list[ReqState], positions: np.ndarray) -> np.ndarray | None:
         """The decode graph's sampling rows for ``states`` when it can draw every row itself:
@@ -369,7 +374,7 @@ class ModelRunner:
         through the piecewise graphs of the token bucket that holds the step."""
         gb = self.inputs.general_batch(out, states, starts, self._prev_rows, self.block_size)
         total, qsl, rows = gb.total, gb.qsl, gb.rows
-        pw = self.piecewise if self.use_cuda_graphs else None
+        pw = self.piecewise if self._graphs_serve(states) else None
         bucket = pw.bucket(total) if pw is not None else None
         static: tuple[torch.Tensor | None, ...] = (None, None, None)
         if bucket is not None:  # staged straight into the graphs' static inputs
