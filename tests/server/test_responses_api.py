@@ -121,3 +121,4 @@ def test_bad_input_names_the_field(server: Server, body: dict[str, Any], param: 
     assert status == 400, got
     err = got["error"]
     assert (err["param"] or "").startswith(param) or param in err["message"], err
+    assert "messages" not in err["message"]  # the chat API's names stay inside

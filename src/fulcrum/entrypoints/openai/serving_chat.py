@@ -122,10 +122,11 @@ class ServingChat(OpenAIServing):
         return await ctx.respond(gen, req.stream)
 
     async def prepare(
-        self, req: ChatCompletionRequest, raw: Request, rid: str | None = None
+        self, req: ChatCompletionRequest, raw: Request, rid: str | None = None, where: str = "messages"
     ) -> tuple[_ChatCtx, AsyncIterator[RequestOutput]]:
         """Validate, render and submit: the response's context and the engine's outputs (the
-        Responses API assembles its own body from the same two)."""
+        Responses API assembles its own body from the same two; ``where`` names the prompt's
+        field in errors)."""
         arrival = time.time()
         model = self.check_model(req.model)
         self.check_common(req)
@@ -140,7 +141,7 @@ class ServingChat(OpenAIServing):
         ids = self.truncate_prompt(req, full, requested)
         if len(ids) < len(full):
             text = None  # the rendered text no longer matches the ids
-        max_tokens = self.resolve_max_tokens(len(ids), requested, None, "messages")
+        max_tokens = self.resolve_max_tokens(len(ids), requested, None, where)
         if structured is not None and self.opts.reasoning_parser:
             structured = self._after_thinking(structured, ids)
         top_n = req.top_logprobs or 0

@@ -85,7 +85,7 @@ class ServingResponses:
             raise bad_request(f"input: {e.errors()[0]['msg']}", "input") from None
         rid = _id("resp")
         try:
-            ctx, gen = await self.chat.prepare(chat, raw, rid)
+            ctx, gen = await self.chat.prepare(chat, raw, rid, "input")
         except OpenAIError as e:
             e.param = PARAM_NAMES.get(e.param or "", e.param)
             raise
