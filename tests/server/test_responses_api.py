@@ -29,8 +29,9 @@ def test_same_answer_as_chat_whole_and_streamed(client: Any) -> None:
     r = client.responses.create(input=Q, **kw)
     assert r.object == "response" and r.id.startswith("resp_") and r.output_text == text
     assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
-    if r.status == "incomplete":
+    if r.status == "incomplete":  # the message item says so too
         assert r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[0].status == r.status
     assert r.usage.input_tokens == chat.usage.prompt_tokens
     assert r.usage.output_tokens == chat.usage.completion_tokens
     assert [o.type for o in r.output] == ["message"] and r.output[0].content[0].type == "output_text"
@@ -47,6 +48,7 @@ def test_same_answer_as_chat_whole_and_streamed(client: Any) -> None:
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == text
     final = events[-1].response
     assert final.output_text == text and final.usage.output_tokens == r.usage.output_tokens
+    assert final.output[0].status == r.status
 
 
 def test_json_schema_and_logprobs(client: Any) -> None:

@@ -104,7 +104,9 @@ class ServingResponses:
             output.append(_reasoning(message["reasoning_content"]))
         if message.get("content") or not message.get("tool_calls"):
             logprobs = (choices[0].get("logprobs") or {}).get("content")
-            output.append(_message(message.get("content") or "", logprobs, "completed"))
+            cut = choices[0]["finish_reason"] == "length"  # the message ends where the limit cut it
+            status = "incomplete" if cut else "completed"
+            output.append(_message(message.get("content") or "", logprobs, status))
         output += [_function_call(c) for c in message.get("tool_calls") or []]
         body = shell.body(output, choices[0]["finish_reason"], _usage(usage))
         return Response(encode_json(body), media_type="application/json")
@@ -123,7 +125,7 @@ class ServingResponses:
                     for out in events.delta(delta, choice.get("logprobs")):
                         yield out
                     reason = choice["finish_reason"] or reason
-            for out in events.finish():
+            for out in events.finish("incomplete" if reason == "length" else "completed"):
                 yield out
             kind = "response.incomplete" if reason == "length" else "response.completed"
             yield events.emit(kind, response=shell.body(events.items, reason, _usage(usage)))
@@ -204,8 +206,9 @@ class _Events:
                                  output_index=self._index(), content_index=0, part=part))  # fmt: skip
         return out
 
-    def close_open(self) -> list[bytes]:
-        """Finish the open item: its ``.done`` events, then ``output_item.done``."""
+    def close_open(self, status: str = "completed") -> list[bytes]:
+        """Finish the open item (a message's ``status``: ``incomplete`` where the output limit
+        cut it): its ``.done`` events, then ``output_item.done``."""
         item = self.open
         if item is None:
             return []
@@ -215,7 +218,7 @@ class _Events:
             out = [self.emit("response.reasoning_text.done", item_id=iid, output_index=at,
                              content_index=0, text=self.text)]  # fmt: skip
         else:
-            item = _message(self.text, self.logprobs, "completed") | {"id": iid}
+            item = _message(self.text, self.logprobs, status) | {"id": iid}
             part = item["content"][0]
             out = [
                 self.emit("response.output_text.done", item_id=iid, output_index=at,
@@ -228,10 +231,10 @@ class _Events:
         self.open = None
         return out
 
-    def finish(self) -> list[bytes]:
+    def finish(self, status: str) -> list[bytes]:
         """Close the open item; an output of nothing at all is one empty message (as whole)."""
         out = self._start(_message("", [], "in_progress")) if not self.items and not self.open else []
-        return out + self.close_open()
+        return out + self.close_open(status)
 
     def _text(self, kind: str, text: str, logprobs: list[dict[str, Any]]) -> list[bytes]:
         out: list[bytes] = []
