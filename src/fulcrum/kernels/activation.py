@@ -9,8 +9,7 @@ import triton.language as tl
 
 from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
-from fulcrum.kernels.quant_fp8 import store_row_fp8
-from fulcrum.kv_cache.dtype import FP8_DTYPE as FP8
+from fulcrum.kernels.quant_fp8 import launch_rows_fp8, store_row_fp8
 
 
 @triton.jit
@@ -59,17 +58,8 @@ def silu_and_mul_quant_fp8(
     assert x.dim() == 2 and x.shape[-1] % 2 == 0
     if x.stride(-1) != 1:
         x = x.contiguous()
-    t, inter = x.shape[0], x.shape[1] // 2
-    q = torch.empty((t, inter), dtype=FP8, device=x.device)
-    s = torch.empty((t, 1), dtype=torch.float32, device=x.device)
-    if t:
-        block = triton.next_power_of_2(inter)
-        m = pdl.mode(x, t, pdl_cfg)
-        _silu_and_mul_quant_kernel[(t,)](
-            x, q, s, x.stride(0), q.stride(0), I=inter, BLOCK=block, PDL=m,
-            num_warps=max(1, min(16, block // 1024)), **pdl.launch_options(m),
-        )  # fmt: skip
-    return q, s
+    inter = x.shape[1] // 2
+    return launch_rows_fp8(_silu_and_mul_quant_kernel, x, inter, pdl_cfg, I=inter)
 
 
 def silu_and_mul(x: torch.Tensor, pdl_cfg: PdlConfig = pdl.DEFAULT) -> torch.Tensor:

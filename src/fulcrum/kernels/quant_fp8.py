@@ -7,6 +7,8 @@ Each row ``x[t]`` gets its own scale ``s[t] = max(|x[t]|, 1e-12) / 448`` and is 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -44,14 +46,23 @@ def per_token_quant_fp8(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [T, K]`` -> ``(q [T, K] float8_e4m3fn, scale [T, 1] float32)``."""
     assert x.dim() == 2 and x.stride(-1) == 1
-    t, k = x.shape
-    q = torch.empty((t, k), dtype=FP8, device=x.device)
+    return launch_rows_fp8(_per_token_quant_kernel, x, x.shape[1], pdl_cfg, K=x.shape[1])
+
+
+def launch_rows_fp8(
+    kernel: Any, x: torch.Tensor, width: int, pdl_cfg: PdlConfig, **args: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q [T, width] e4m3, scale [T, 1] fp32)`` from ``kernel``, one program per row of
+    ``x [T, *]`` (arguments ``x, q, s, stride_x, stride_q, **args, BLOCK, PDL``), the row whole
+    in the program (``store_row_fp8``)."""
+    t = x.shape[0]
+    q = torch.empty((t, width), dtype=FP8, device=x.device)
     s = torch.empty((t, 1), dtype=torch.float32, device=x.device)
     if t:
-        block = triton.next_power_of_2(k)
+        block = triton.next_power_of_2(width)
         m = pdl.mode(x, t, pdl_cfg)
-        _per_token_quant_kernel[(t,)](
-            x, q, s, x.stride(0), q.stride(0), k, BLOCK=block, PDL=m,
+        kernel[(t,)](
+            x, q, s, x.stride(0), q.stride(0), **args, BLOCK=block, PDL=m,
             num_warps=max(1, min(16, block // 1024)), **pdl.launch_options(m),
         )  # fmt: skip
     return q, s
