@@ -9,7 +9,7 @@ beside its ``content`` (vLLM's field), whole or streamed. ``--reasoning-parser``
                  ``chat_template_kwargs: {"enable_thinking": false}``).
 
 The content that follows goes on to the tool-call parser, if the request has tools. A request
-with structured output constrains only that content: the thinking stays free (``thinking_gate``),
+with structured output constrains only that content: the thinking stays free (``ReasoningParser.gate``),
 where the tokenizer holds both markers as single tokens (every reasoning model's does).
 """
 

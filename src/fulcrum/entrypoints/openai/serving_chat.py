@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -155,10 +156,14 @@ class ServingChat(OpenAIServing):
         ctx.tool_calls = tool_calls
         return ctx, gen
 
-    def _after_thinking(self, structured: StructuredOutputsParams, ids: list[int]) -> StructuredOutputsParams:
+    @functools.cached_property
+    def _markers(self) -> tuple[int, int] | None:
+        return marker_ids(self.tokenizer)
+
+    def _after_thinking(
+        self, structured: StructuredOutputsParams, ids: list[int]
+    ) -> StructuredOutputsParams:
         """The constraint with its ``thinking`` gate: a reasoning model thinks freely first."""
-        if not hasattr(self, "_markers"):
-            self._markers = marker_ids(self.tokenizer)
         if self._markers is None:
             return structured
         parser = get_reasoning_parser(self.opts.reasoning_parser)  # type: ignore[arg-type]
