@@ -20,7 +20,7 @@ PACKAGES=(
   typing-inspection msgspec pyzmq prometheus-client gguf xgrammar apache-tvm-ffi
   jsonschema jsonschema-specifications referencing rpds-py
   openai httpx httpx2 httpcore httpcore2 truststore jiter
-  pytest-timeout hypothesis sortedcontainers hypothesis-jsonschema
+  pytest-timeout hypothesis sortedcontainers hypothesis-jsonschema peft accelerate
 )
 mkdir -p .whl
 for name in "${PACKAGES[@]}"; do
