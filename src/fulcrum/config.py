@@ -45,6 +45,35 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[dtype]
 
 
+POOLING_TYPES = ("last", "mean", "cls")
+
+
+@dataclass(frozen=True)
+class PoolerConfig:
+    """Embeddings instead of text (``runner="pooling"``): each prompt's hidden states after the
+    decoder's final norm, pooled into one vector per prompt. ``last``: the last prompt token's
+    (decoder embedding models: Qwen3-Embedding, e5-mistral, gte-Qwen2); ``mean``: the average
+    over every prompt token; ``cls``: the first token's. ``normalize``: scaled to unit L2 norm
+    (after a request's ``dimensions`` cut, if it asks for one)."""
+
+    pooling_type: str = "last"
+    normalize: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pooling_type not in POOLING_TYPES:
+            raise ValueError(
+                f"pooling_type: expected one of {', '.join(POOLING_TYPES)}, got "
+                f"{self.pooling_type!r}."
+            )
+
+    @property
+    def whole_prompt(self) -> bool:
+        """Whether every prompt position must run through the model in this request (mean and
+        cls read hidden states a cached prefix would skip); ``last`` always computes the last
+        prompt token, so the prefix cache serves it."""
+        return self.pooling_type != "last"
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What to run: the resolved architecture config plus where its weights and tokenizer live."""
@@ -58,6 +87,7 @@ class ModelConfig:
     max_model_len: int
     seed: int = 0
     quantization: str | None = None  # weight format of the decoder's projections (quant/)
+    pooler_config: PoolerConfig | None = None  # runner "pooling": embeddings; None: text
 
     @property
     def architecture(self) -> str:

@@ -103,6 +103,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     first_scheduled_time: float | None = None  # wall time of first admission (first output only)
     # prompt token 1, 2, ...'s logprobs (``prompt_logprobs``; first output only)
     prompt_logprobs: list[Logprobs] | None = None
+    # an embedding model's pooled prompt, float32 bytes (``runner="pooling"``; with its one,
+    # dropped, token)
+    pooled: bytes | None = None
 
 
 class SchedulerStats(msgspec.Struct, omit_defaults=True):

@@ -77,6 +77,7 @@ class Request:
         # prompt tokens 1, 2, ...'s logprobs as the steps computing them are collected (sent
         # with the first output, then dropped)
         self.prompt_logprobs: list[Any] | None = [] if params.prompt_logprobs is not None else None
+        self.pooled: bytes | None = None  # an embedding model's vector (float32), until sent
         # Sampling needs no host-side history (penalties, min_tokens), so the next step can be
         # scheduled before this one's token is known.
         self.overlap_safe = (

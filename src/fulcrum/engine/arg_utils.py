@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fulcrum.config import (
+    POOLING_TYPES,
     CacheConfig,
     EngineConfig,
     KernelConfig,
@@ -24,6 +25,7 @@ from fulcrum.config import (
     resolve_device,
     resolve_dtype,
 )
+from fulcrum.model.loader.pooling import RUNNERS, resolve_pooler
 
 if TYPE_CHECKING:
     import torch
@@ -89,6 +91,15 @@ _HELP = {
     "lora_modules": "LoRA adapters to serve beside the base model, each NAME=PATH (a PEFT "
     "adapter directory: adapter_config.json and adapter_model.safetensors); a request selects "
     "one by its model name. Steps with an adapter's rows run without CUDA graphs.",
+    "runner": "What the model serves: generate (text), pooling (embeddings: /v1/embeddings, "
+    "LLM.embed; a causal LM's checkpoint is served by its decoder's hidden states) or auto "
+    "(pooling for a bare decoder without an LM head, such as Qwen3Model or MistralModel; "
+    "generate otherwise).",
+    "pooling_type": "How runner pooling turns a prompt's final hidden states into one vector: "
+    "last (the last token's, what decoder embedding models use), mean, or cls (the first "
+    "token's). Default: the checkpoint's sentence-transformers Pooling config, else last.",
+    "embedding_normalize": "Scale each embedding to unit L2 norm (runner pooling): auto (as "
+    "the checkpoint's sentence-transformers modules say; on without them), on, off.",
     "speculative_config": "Speculative decoding as JSON in vLLM's names, e.g. "
     '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'; methods: '
     "ngram (prompt lookup), suffix (suffix trees over this and recent requests), draft_model "
@@ -182,6 +193,9 @@ class EngineArgs:
     worker_timeout: float = 120.0
     # name -> PEFT adapter directory, or "name=path" strings (the CLI's form); None: no LoRA
     lora_modules: Mapping[str, str] | list[str] | None = None
+    runner: str = "auto"
+    pooling_type: str | None = None  # None: the checkpoint's sentence-transformers config, else last
+    embedding_normalize: str = "auto"
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -218,6 +232,9 @@ class EngineArgs:
                 "kv_cache_dtype": ["auto", "fp8"],
                 "quantization": ["none", "fp8", "gptq", "awq", "gguf"],
                 "distributed_backend": ["auto", "nccl", "gloo"],
+                "runner": list(RUNNERS),
+                "pooling_type": list(POOLING_TYPES),
+                "embedding_normalize": ["auto", "on", "off"],
             }.get(f.name)
             g.add_argument(
                 *([flag, "-tp"] if f.name == "tensor_parallel_size" else [flag]),
@@ -280,6 +297,8 @@ class EngineArgs:
             max_model_len=self.max_model_len,
             seed=self.seed,
         )
+        pooler = resolve_pooler(self.runner, self.pooling_type, self.embedding_normalize, model_config)
+        model_config = dataclasses.replace(model_config, pooler_config=pooler)
         quant = _checkpoint_quant(quant, model_config)
         if quant is not None:
             quant.check_device(device)
@@ -315,6 +334,8 @@ class EngineArgs:
                 'lora_modules: LoRA adapters are not supported with speculative_config.method '
                 '"draft_model" (the draft has no adapters); ngram and suffix work.'
             )
+        if pooler is not None:
+            _check_pooling(spec_config, parallel_config)
         cache_config = CacheConfig(
             block_size=self.block_size,
             kv_cache_memory=self.kv_cache_memory,
@@ -344,6 +365,20 @@ class EngineArgs:
             draft_model_config=draft_model_config,
             parallel_config=parallel_config,
             lora_config=lora_config,
+        )
+
+
+def _check_pooling(spec: SpeculativeConfig | None, parallel: ParallelConfig) -> None:
+    """An embedding model computes each prompt once and generates nothing."""
+    if spec is not None:
+        raise ValueError(
+            "speculative_config: runner pooling computes embeddings; nothing is generated to "
+            "speculate on."
+        )
+    if parallel.tensor_parallel_size > 1:
+        raise ValueError(
+            "runner: pooling is not supported with tensor_parallel_size="
+            f"{parallel.tensor_parallel_size} yet."
         )
 
 

@@ -86,11 +86,13 @@ class EngineCore:
             sc = dataclasses.replace(sc, max_model_len=num_blocks * bs)
         self.max_model_len = sc.max_model_len
         eos = eos_token_ids(config)
+        pooler = config.model_config.pooler_config
         self.structured = _structured_manager(config, eos)
         self.scheduler = Scheduler(
             sc, config.cache_config, num_blocks, config.model_config.vocab_size, eos,
             self.structured, config.speculative_config, kv_window=engine_kv_window(config),
             lora_config=config.lora_config,
+            whole_prompt=pooler is not None and pooler.whole_prompt,
         )
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s); max_model_len %d holds %.1f "
@@ -181,6 +183,8 @@ class EngineCore:
         sampled, logprobs = self.runner.collect(handle)
         if handle.prompt_logprobs:
             self.scheduler.add_prompt_logprobs(handle.prompt_logprobs)
+        if handle.pooled:
+            self.scheduler.add_pooled(handle.pooled)
         return self.scheduler.update(sched_out, sampled, logprobs, handle.num_tokens)
 
     def get_stats(self) -> SchedulerStats:

@@ -52,6 +52,7 @@ class _ReqState:
     num_cached_tokens: int = 0
     prompt_logprobs: list[dict[int, TokenLogprob] | None] | None = None
     prompt_logprobs_sent: bool = False
+    pooled: bytes | None = None  # an embedding model's vector (float32 bytes)
 
     @property
     def finished(self) -> bool:
@@ -116,6 +117,8 @@ class OutputProcessor:
             st.num_cached_tokens = max(st.num_cached_tokens, o.num_cached_tokens)
             if o.prompt_logprobs is not None and st.prompt_logprobs is None:
                 st.prompt_logprobs = self._prompt_entries(seq, st.prompt_token_ids, o)
+            if o.pooled is not None:
+                st.pooled = o.pooled
             if o.first_scheduled_time is not None and st.metrics.first_scheduled_time is None:
                 st.metrics.first_scheduled_time = o.first_scheduled_time
             if o.new_token_ids:
@@ -214,6 +217,7 @@ class OutputProcessor:
             st.num_cached_tokens,
             st.metrics,
             prompt_logprobs=self._take_prompt_logprobs(st),
+            pooled=st.pooled,
         )
 
     def _final_output(self, st: _ReqState) -> RequestOutput:
@@ -238,6 +242,7 @@ class OutputProcessor:
             st.num_cached_tokens,
             st.metrics,
             prompt_logprobs=st.prompt_logprobs,
+            pooled=st.pooled,
         )
 
 
@@ -266,6 +271,7 @@ def _one_token_each(outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
                     num_cached_tokens=o.num_cached_tokens,
                     first_scheduled_time=o.first_scheduled_time if i == 0 else None,
                     prompt_logprobs=o.prompt_logprobs if i == 0 else None,
+                    pooled=o.pooled if i == 0 else None,
                 )
             )
     return split

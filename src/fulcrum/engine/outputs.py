@@ -55,3 +55,6 @@ class RequestOutput:
     # ``prompt_logprobs``: one entry per prompt token (None for the first, which nothing
     # predicts), in ``logprobs``' shape; on the first output that carries it.
     prompt_logprobs: list[dict[int, TokenLogprob] | None] | None = None
+    # runner "pooling": the prompt's pooled hidden states, float32 bytes, unnormalized
+    # (``entrypoints/embedding.py`` applies a request's dimensions and the normalization)
+    pooled: bytes | None = None

@@ -11,6 +11,13 @@ from fulcrum.engine.arg_utils import EngineArgs
 from fulcrum.engine.core import EngineCore
 from fulcrum.engine.output_processor import OutputProcessor
 from fulcrum.engine.outputs import RequestOutput
+from fulcrum.entrypoints.embedding import (
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    check_dimensions,
+    embedding_params,
+    finish_embedding,
+)
 from fulcrum.model.loader.tokenizer import load_tokenizer
 from fulcrum.protocol import EngineCoreRequest, to_wire
 from fulcrum.sampling_params import SamplingParams, truncate_prompt
@@ -92,6 +99,53 @@ class LLM:
         preempted first. ``lora``: the adapter (a ``lora_modules`` name) for every prompt, or
         one name (None: the base model) per prompt.
         """
+        if self.config.model_config.pooler_config is not None:
+            raise ValueError(
+                "runner: this model is served for embeddings (runner pooling); use LLM.embed."
+            )
+        return self._generate(prompts, sampling_params, use_tqdm, priority, lora)
+
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        use_tqdm: bool = True,
+        dimensions: int | None = None,
+        truncate_prompt_tokens: int | None = None,
+        lora: str | Sequence[str | None] | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt, in order (an embedding model: ``LLM(model,
+        runner="pooling")``, or a bare decoder checkpoint). ``dimensions``: keep the first
+        ``d`` components (Matryoshka models), normalized after the cut where the model
+        normalizes. ``truncate_prompt_tokens``: keep only the last ``k`` prompt tokens (-1: as
+        many as fit)."""
+        pc = self.config.model_config.pooler_config
+        if pc is None:
+            raise ValueError(
+                "runner: this model generates text; LLM(model, runner='pooling') serves it for "
+                "embeddings."
+            )
+        check_dimensions(dimensions, int(self.config.model_config.hf_config.hidden_size))
+        sp = embedding_params(truncate_prompt_tokens)
+        outs = self._generate(prompts, sp, use_tqdm, None, lora, desc="Embedding")
+        results = []
+        for o in outs:
+            if o.pooled is None:
+                raise RuntimeError(f"request {o.request_id}: the engine returned no embedding.")
+            vec = finish_embedding(o.pooled, pc, dimensions).tolist()
+            results.append(
+                EmbeddingRequestOutput(o.request_id, o.prompt, o.prompt_token_ids, EmbeddingOutput(vec))
+            )
+        return results
+
+    def _generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+        priority: Sequence[int] | None,
+        lora: str | Sequence[str | None] | None,
+        desc: str = "Generating",
+    ) -> list[RequestOutput]:
         items = self._normalize(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -116,7 +170,7 @@ class LLM:
         try:
             for prompt, sp, prio, name in zip(items, params, prios, loras, strict=True):
                 order.append(self._add(prompt, sp, prio, name))
-            return self._run(order, use_tqdm)
+            return self._run(order, use_tqdm, desc)
         except BaseException:
             self.core.abort_requests(order)
             for rid in order:
@@ -144,13 +198,13 @@ class LLM:
         self.processor.add_request(rid, text, ids, sp, time.time(), stream=False)
         return rid
 
-    def _run(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, order: list[str], use_tqdm: bool, desc: str) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
         bar = None
         if use_tqdm:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(order), desc="Generating", unit="req", dynamic_ncols=True)
+            bar = tqdm(total=len(order), desc=desc, unit="req", dynamic_ncols=True)
         while self.core.has_unfinished_requests():
             outs = self.core.step()
             results, to_abort = self.processor.process_outputs(outs.outputs)

@@ -30,10 +30,23 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
+def causal_lm_of(architecture: str) -> str | None:
+    """The ``...ForCausalLM`` whose decoder a bare ``...Model`` architecture is (an embedding
+    checkpoint without an LM head, e.g. ``Qwen3Model``, ``MistralModel``), else None."""
+    if not architecture.endswith("Model") or architecture in _MODELS:
+        return None
+    stem = architecture[: -len("Model")]
+    stem = stem[: -len("Text")] if stem.endswith("Text") else stem  # Gemma3TextModel
+    name = stem + "ForCausalLM"
+    return name if name in _MODELS else None
+
+
 def get_model_cls(architecture: str) -> type[nn.Module]:
-    if architecture not in _MODELS:
+    name = causal_lm_of(architecture) or architecture
+    if name not in _MODELS:
         raise ValueError(
             f"architectures: unknown architecture {architecture!r}; supported: "
-            f"{', '.join(supported_architectures())}."
+            f"{', '.join(supported_architectures())} (and their bare ...Model decoders, served "
+            "as embedding models)."
         )
-    return _MODELS[architecture]
+    return _MODELS[name]

@@ -54,9 +54,11 @@ class Scheduler:
         spec_config: SpeculativeConfig | None = None,
         kv_window: int | None = None,  # every layer's window: older KV blocks are released
         lora_config: LoRAConfig = LoRAConfig(),
+        whole_prompt: bool = False,  # every prompt position computed (mean/cls pooling)
     ) -> None:
         self.config = config
         self.lora_config = lora_config
+        self.whole_prompt = whole_prompt
         self.structured = structured
         self.block_size = cache_config.block_size
         self.kv = KVCacheManager(
@@ -347,9 +349,10 @@ class Scheduler:
                 continue
             if not self._grammar_ready(req):  # compiling off the loop: others go ahead
                 continue
-            if req.params.prompt_logprobs is None:
+            if req.params.prompt_logprobs is None and not self.whole_prompt:
                 blocks, node = self.kv.match_prefix(req.all_token_ids, req.cache_salt)
-            else:  # every prompt position computed here: its logprobs come from the forward
+            else:  # every prompt position computed here: its logprobs (or pooled rows) come
+                # from the forward
                 blocks, node = [], None
             if self.kv.tree is None and parent is not None and self.kv.has(parent.key):
                 blocks = self.kv.shareable_prefix(parent.key, (req.num_prompt_tokens - 1) // bs)
@@ -440,8 +443,10 @@ class Scheduler:
                     num_cached_tokens=max(req.num_cached_tokens, 0),
                     first_scheduled_time=req.first_scheduled_time if first else None,
                     prompt_logprobs=prompt_lps,
+                    pooled=req.pooled,
                 )
             )
+            req.pooled = None
             if first:
                 req.prompt_logprobs = None
             if finish is not None:
@@ -490,6 +495,14 @@ class Scheduler:
                 have = req.prompt_logprobs
                 if req.index == int(index) and have is not None and start <= len(have):
                     have.extend(lps[len(have) - start :])
+
+    def add_pooled(self, found: list[tuple[str, bytes]]) -> None:
+        """A step's pooled prompts (``worker/pooler.py``), for the outputs of their requests."""
+        for key, vec in found:
+            rid, _, index = key.rpartition("#")
+            for req in self.requests.get(rid, []):
+                if req.index == int(index):
+                    req.pooled = vec
 
     def take_aborted(self) -> list[EngineCoreOutput]:
         """One ``abort`` output per sequence aborted since the last call."""

@@ -53,6 +53,7 @@ from fulcrum.worker.draft_verify import DraftGuesses, verify_step
 from fulcrum.worker.host_staging import HostStaging
 from fulcrum.worker.input_batch import InputBuilder, ReqState
 from fulcrum.worker.piecewise_graph import PiecewiseGraphs
+from fulcrum.worker.pooler import Pooler, to_host
 from fulcrum.worker.prompt_logprobs import chunk_prompt_logprobs
 from fulcrum.worker.sampler import fused_params
 from fulcrum.worker.step_sampling import StepHandle, StepSampler
@@ -88,6 +89,9 @@ class ModelRunner:
             spec = config.speculative_config is not None  # verify steps of 2 to k + 1 rows
             pack_linear_weights(self.model, Linear, spec)
         self.vocab_size = mc.vocab_size
+        # an embedding model's prompts pooled as they finish (runner "pooling")
+        self.pooler = Pooler(mc.pooler_config) if mc.pooler_config is not None else None
+        self._pooled: list | None = None  # the general step's vectors, for its handle
         self.sampling = StepSampler(self.device, self.vocab_size, kc)
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
@@ -176,6 +180,8 @@ class ModelRunner:
         self.inputs.update_states(out)
         if self.draft is not None:
             self.draft.forget(out.finished_req_ids)
+        if self.pooler is not None:
+            self.pooler.forget(out.finished_req_ids)
 
     @torch.inference_mode()
     def execute_async(
@@ -186,6 +192,8 @@ class ModelRunner:
         ``out.grammar_bitmask`` there, while the device computes the forward."""
         self._staging.wait()  # the previous step's host → device copies are done
         states = self.inputs.update_states(out)
+        if self.pooler is not None:
+            self.pooler.forget(out.finished_req_ids)
         starts = out.num_computed_tokens
         guesses = None
         if self.draft is not None:  # the draft computes the step's tokens, then guesses
@@ -206,6 +214,7 @@ class ModelRunner:
         if drafts is None:
             handle = self._sample(logits, [states[i] for i in rows], ends, None, out.grammar_bitmask)
             handle.prompt_logprobs = prompt_lps
+            handle.pooled, self._pooled = self._pooled, None
             return handle
         rows_states = [states[i] for i, d in zip(rows, drafts, strict=True) for _ in range(len(d) + 1)]
         positions = _verify_rows(ends, drafts)
@@ -252,6 +261,8 @@ class ModelRunner:
         """Wait for a launched step; its sampled ids (and logprobs) as Python lists. Each
         request's host-side tokens grow by what it sampled."""
         sampled, logprobs = self.sampling.collect(h)
+        if h.pooled:
+            h.pooled = to_host(h.pooled)
         if h.drafts is not None:
             kept = self._accept(h, sampled, logprobs)
             if self.draft is not None and h.num_tokens is not None:
@@ -420,6 +431,8 @@ class ModelRunner:
             prompt_lps = chunk_prompt_logprobs(
                 self.model.compute_logits, hidden, qsl, states, starts
             )
+        if self.pooler is not None:
+            self._pooled = self.pooler.step(hidden, qsl, states, starts)
         ends = gb.seq_lens[rows]
         if last is None:
             return None, rows, ends, drafts, prompt_lps

@@ -45,6 +45,8 @@ class StepHandle:
     counts: torch.Tensor | None = None  # a draft model's verify step: tokens emitted per request
     # ``prompt_logprobs.chunk_prompt_logprobs`` of the step's prefill chunks, computed at launch
     prompt_logprobs: list | None = None
+    # ``pooler.Pooler.step``'s vectors (device), float32 bytes once collected
+    pooled: list | None = None
 
 
 class StepSampler:

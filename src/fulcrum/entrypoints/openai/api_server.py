@@ -30,6 +30,8 @@ from fulcrum.entrypoints.openai.protocol import (
     CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
+    EmbeddingRequest,
+    EmbeddingResponse,
     ErrorResponse,
     ModelCard,
     ModelList,
@@ -41,6 +43,7 @@ from fulcrum.entrypoints.openai.responses_protocol import ResponsesRequest
 from fulcrum.entrypoints.openai.serving_base import ClientDisconnected, ServerState
 from fulcrum.entrypoints.openai.serving_chat import ServingChat, messages_as_dicts
 from fulcrum.entrypoints.openai.serving_completions import ServingCompletions
+from fulcrum.entrypoints.openai.serving_embeddings import ServingEmbeddings
 from fulcrum.entrypoints.openai.serving_responses import ServingResponses
 
 logger = logging.getLogger(__name__)
@@ -81,6 +84,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     chat = ServingChat(state)
     completions = ServingCompletions(state)
     responses = ServingResponses(chat)
+    embeddings = ServingEmbeddings(state)
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(_: Request, __: ClientDisconnected) -> Response:
@@ -109,6 +113,10 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     @app.post("/v1/responses", responses={**_ERRORS, 200: {"content": openapi.SSE}})
     async def create_response(body: ResponsesRequest, raw: Request) -> Response:
         return await responses.create(body, raw)
+
+    @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=_ERRORS)
+    async def create_embedding(body: EmbeddingRequest, raw: Request) -> Response:
+        return await embeddings.create(body, raw)
 
     def model_card(name: str) -> ModelCard:
         assert state.engine is not None

@@ -215,6 +215,51 @@ class CompletionRequest(SamplingRequest):
     )
 
 
+class EmbeddingRequest(OpenAIBaseModel):
+    """OpenAI's embeddings request, plus vLLM's ``truncate_prompt_tokens``; served by a model
+    started with ``--runner pooling`` (or a bare decoder checkpoint)."""
+
+    model: str | None = None
+    input: CompletionPrompt
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="base64: each vector as little-endian float32 bytes, base64-encoded."
+    )
+    dimensions: int | None = Field(
+        None, ge=1, description="Keep the first d components (normalized after the cut)."
+    )
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=-1, description="Keep only the last k tokens of each input (-1: as many as fit)."
+    )
+    cache_salt: str | None = None
+    priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k == "input"}
+        return data
+
+
+class EmbeddingData(OpenAIBaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(OpenAIBaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(OpenAIBaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+
+
 class TokenizeRequest(OpenAIBaseModel):
     model: str | None = None
     prompt: str | None = None

@@ -24,6 +24,7 @@ from fulcrum.entrypoints.openai.errors import (
     too_many_requests,
     value_error,
 )
+from fulcrum.entrypoints.openai.limits import MAX_PROMPTS_PER_REQUEST
 from fulcrum.entrypoints.openai.protocol import SamplingRequest
 from fulcrum.entrypoints.openai.request_log import RequestLog, RequestRecord
 from fulcrum.sampling_params import SamplingParams, StructuredOutputsParams, truncate_prompt
@@ -181,6 +182,44 @@ class OpenAIServing:
         if model not in self.opts.served_model_names and model not in self.opts.lora_adapters:
             raise model_not_found(model)
         return model
+
+    def split_prompts(self, p: Any, param: str) -> list[tuple[str | None, list[int]]]:
+        """A completions ``prompt`` or an embeddings ``input`` (a string, strings, token ids,
+        lists of token ids) as (text or None, token ids) per prompt; 400 naming ``param``."""
+        if isinstance(p, str):
+            items: list[Any] = [p]
+        elif not p:
+            raise bad_request(f"{param} must not be empty.", param)
+        elif isinstance(p[0], int):
+            items = [p]
+        else:
+            items = list(p)
+        if len(items) > MAX_PROMPTS_PER_REQUEST:
+            raise bad_request(
+                f"{param} holds at most {MAX_PROMPTS_PER_REQUEST} prompts, got {len(items)}.",
+                param,
+            )
+        out: list[tuple[str | None, list[int]]] = []
+        for item in items:
+            if isinstance(item, str):
+                tok = self.need_tokenizer(f"A text {param}", param)
+                ids = list(tok(item, add_special_tokens=True)["input_ids"])
+                out.append((item, ids))
+            else:
+                ids = list(item)
+                self.check_token_ids(ids, param)
+                out.append((None, ids))
+        return out
+
+    def check_generates(self) -> None:
+        """A 400 naming ``model`` where the served model computes embeddings (runner
+        pooling): it has no LM head to generate with."""
+        if getattr(self.engine.model_config, "pooler_config", None) is not None:
+            raise bad_request(
+                "This model serves embeddings (runner pooling) and generates no text: use "
+                "POST /v1/embeddings.",
+                "model",
+            )
 
     def check_admission(self, num_new_seqs: int, param: str = "n") -> None:
         """Count sequences (prompts x n): 429 when those waiting for a batch slot would exceed

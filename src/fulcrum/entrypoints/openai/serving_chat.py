@@ -130,6 +130,7 @@ class ServingChat(OpenAIServing):
         field in errors)."""
         arrival = time.time()
         model = self.check_model(req.model)
+        self.check_generates()
         self.check_common(req)
         tools, tool_calls, forced = self._tools(req)
         structured = structured_params(req, forced)

@@ -12,7 +12,6 @@ from starlette.responses import Response
 
 from fulcrum.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from fulcrum.entrypoints.openai.errors import bad_request
-from fulcrum.entrypoints.openai.limits import MAX_PROMPTS_PER_REQUEST
 from fulcrum.entrypoints.openai.protocol import CompletionRequest
 from fulcrum.entrypoints.openai.serving_base import (
     OpenAIServing,
@@ -41,33 +40,6 @@ class _Prompt:
 class ServingCompletions(OpenAIServing):
     endpoint = "completions"
 
-    def split_prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
-        p = req.prompt
-        if isinstance(p, str):
-            items: list[Any] = [p]
-        elif not p:
-            raise bad_request("prompt must not be empty.", "prompt")
-        elif isinstance(p[0], int):
-            items = [p]
-        else:
-            items = list(p)
-        if len(items) > MAX_PROMPTS_PER_REQUEST:
-            raise bad_request(
-                f"prompt holds at most {MAX_PROMPTS_PER_REQUEST} prompts, got {len(items)}.",
-                "prompt",
-            )
-        out: list[tuple[str | None, list[int]]] = []
-        for item in items:
-            if isinstance(item, str):
-                tok = self.need_tokenizer("A text prompt", "prompt")
-                ids = list(tok(item, add_special_tokens=True)["input_ids"])
-                out.append((item, ids))
-            else:
-                ids = list(item)
-                self.check_token_ids(ids, "prompt")
-                out.append((None, ids))
-        return out
-
     def _check_text_needs(self, req: CompletionRequest) -> None:
         """Without a tokenizer, token ids in and out work; what shows or matches text cannot."""
         if req.stop_list():
@@ -80,6 +52,7 @@ class ServingCompletions(OpenAIServing):
     async def create(self, req: CompletionRequest, raw: Request) -> Response:
         arrival = time.time()
         model = self.check_model(req.model)
+        self.check_generates()
         self.check_common(req)
         if req.suffix:
             raise bad_request("suffix is not supported.", "suffix")
@@ -97,7 +70,7 @@ class ServingCompletions(OpenAIServing):
         wanted = 1 if req.max_tokens == 0 else req.max_tokens
         prompts = [
             (text if len(cut) == len(ids) else None, cut)  # a cut text would not match its ids
-            for text, ids in self.split_prompts(req)
+            for text, ids in self.split_prompts(req.prompt, "prompt")
             for cut in (self.truncate_prompt(req, ids, wanted),)
         ]
         resolved = [

@@ -100,6 +100,28 @@ def _tp_shard(mc: ModelConfig):
     return ShardSpec.from_hf(mc.hf_config, tp_rank(), tp_size(), mc.quantization)
 
 
+class NoLMHead(nn.Module):
+    """An embedding model's LM head (``runner="pooling"``): logits of zeros. The engine's step
+    still samples one token per finished prompt (dropped: the request's output is its pooled
+    hidden states), so the sampling path stays the text models' one, at no vocabulary GEMM."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden.new_zeros(hidden.shape[0], self.vocab_size)
+
+
+def _decoder_weights(weights):
+    """An embedding model's tensors under the causal LM's names: a bare decoder's checkpoint
+    (``Qwen3Model``: ``layers.0...``) gains the ``model.`` prefix; an LM head is not loaded."""
+    for name, tensor in weights:
+        if name.startswith("lm_head."):
+            continue
+        yield (name if name.startswith("model.") else "model." + name), tensor
+
+
 def load_model(
     mc: ModelConfig,
     backend: AttentionBackend,
@@ -122,6 +144,8 @@ def load_model(
             model = cls(mc.hf_config, mc.max_model_len, backend, quant=quant, kernel_config=kc)
     finally:
         torch.set_default_dtype(old)
+    if mc.pooler_config is not None:  # an embedding model: hidden states, no vocabulary
+        model.lm_head = NoLMHead(mc.vocab_size)
     # Buffers (the rotary cache) stay float32.
     for buf in model.buffers():
         if buf.is_floating_point():
@@ -142,6 +166,8 @@ def load_model(
                 weights = iter_safetensors(gguf_loader.convert_gguf(mc.model), shard)
         else:
             weights = iter_safetensors(mc.weights_path, shard)
+        if mc.pooler_config is not None:
+            weights = _decoder_weights(weights)
         loaded = model.load_weights(weights)
         expected = model.expected_weight_count()
         if len(loaded) != expected:

@@ -1,0 +1,89 @@
+"""Which runner a model gets (text or embeddings) and how an embedding model pools.
+
+``runner="auto"`` serves a bare decoder (``Qwen3Model``, ``MistralModel``: a checkpoint with no
+LM head) as an embedding model and every ``...ForCausalLM`` as a text model; ``"pooling"`` turns
+a causal LM's checkpoint into an embedding model too (Qwen3-Embedding ships as
+``Qwen3ForCausalLM``). The pooling type and the normalization come from the request's engine
+arguments, else from a sentence-transformers layout beside the weights (``modules.json``, its
+``Pooling`` module's ``config.json`` and whether a ``Normalize`` module follows), else ``last``
+and normalized, what decoder embedding models use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+from fulcrum.config import ModelConfig, PoolerConfig
+from fulcrum.model.registry import causal_lm_of
+
+RUNNERS = ("auto", "generate", "pooling")
+
+# sentence-transformers' Pooling config keys -> PoolerConfig.pooling_type
+_ST_MODES = {
+    "pooling_mode_lasttoken": "last",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+}
+
+
+def resolve_pooler(
+    runner: str, pooling_type: str | None, normalize: str, mc: ModelConfig
+) -> PoolerConfig | None:
+    """The model's ``PoolerConfig`` (None: it generates text). ``normalize``: auto, on, off.
+    ValueError naming the field for a combination that cannot work."""
+    if runner not in RUNNERS:
+        raise ValueError(f"runner: expected one of {', '.join(RUNNERS)}, got {runner!r}.")
+    if normalize not in ("auto", "on", "off"):
+        raise ValueError(f"embedding_normalize: expected auto, on or off, got {normalize!r}.")
+    bare = causal_lm_of(mc.architecture) is not None
+    if runner == "auto":
+        runner = "pooling" if bare else "generate"
+    if runner == "generate":
+        if bare:
+            raise ValueError(
+                f"runner: {mc.architecture} is a decoder without an LM head (an embedding "
+                "model's checkpoint); serve it with runner pooling."
+            )
+        if pooling_type is not None:
+            raise ValueError("pooling_type: applies to runner pooling only.")
+        return None
+    st = _sentence_transformers(mc.weights_path)
+    if pooling_type is None:
+        pooling_type = st[0]() if st is not None else "last"
+    if normalize == "auto":
+        norm = st[1] if st is not None else True
+    else:
+        norm = normalize == "on"
+    return PoolerConfig(pooling_type, norm)
+
+
+def _sentence_transformers(path: str) -> tuple[Callable[[], str], bool] | None:
+    """From a sentence-transformers layout in ``path``: a function giving its pooling type
+    (called only where none is passed: a mode fulcrum does not run fails there, naming the
+    file and its key) and whether it normalizes; None if there is no such layout."""
+    modules_file = os.path.join(path, "modules.json")
+    if not os.path.isfile(modules_file):
+        return None
+    with open(modules_file) as fh:
+        modules = json.load(fh)
+    kinds = [str(m.get("type", "")) for m in modules]
+    normalize = any(k.endswith(".Normalize") for k in kinds)
+    pooling = next((m for m in modules if str(m.get("type", "")).endswith(".Pooling")), None)
+    cfg_file = os.path.join(path, pooling.get("path", "") if pooling else "", "config.json")
+
+    def pooling_type() -> str:
+        if pooling is None or not os.path.isfile(cfg_file):
+            return "last"
+        with open(cfg_file) as fh:
+            cfg = json.load(fh)
+        on = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v is True]
+        if any(k not in _ST_MODES for k in on) or len(on) > 1:
+            raise ValueError(
+                f"pooling_type: {cfg_file} sets {', '.join(on)}; fulcrum pools by one of "
+                f"{', '.join(_ST_MODES)} (pass pooling_type to choose)."
+            )
+        return _ST_MODES[on[0]] if on else "last"
+
+    return pooling_type, normalize
