@@ -446,3 +446,22 @@ def test_lora_adapter_on_cuda(tiny_llama: str, tmp_path) -> None:
     replays = runner.graphs.num_replays
     assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)] == base
     assert runner.graphs.num_replays > replays  # base-only steps replayed the graphs
+
+
+@pytest.mark.parametrize("kind", ["last", "mean"])
+def test_embeddings_on_cuda(tiny_llama: str, kind: str) -> None:
+    """runner pooling on CUDA (prefill through the piecewise graphs, chunked at a 32-token
+    budget): each prompt's pooled hidden states equal transformers' base model there."""
+    from transformers import AutoModel
+
+    prompts = _prompts(12, 320, seed=6)
+    hf = AutoModel.from_pretrained(tiny_llama, dtype=torch.float32).cuda().eval()
+    with torch.no_grad():
+        hidden = [hf(torch.tensor([p], device="cuda")).last_hidden_state[0] for p in prompts]
+    want = [h[-1] if kind == "last" else h.mean(0) for h in hidden]
+    llm = LLM(tiny_llama, device="cuda", dtype="float32", runner="pooling", pooling_type=kind,
+              max_num_batched_tokens=32, num_kv_blocks=512)  # fmt: skip
+    outs = llm.embed(prompts, use_tqdm=False)
+    for o, w in zip(outs, want, strict=True):
+        w = (w / w.norm()).cpu()
+        torch.testing.assert_close(torch.tensor(o.outputs.embedding), w, atol=1e-4, rtol=1e-3)
