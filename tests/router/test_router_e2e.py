@@ -86,6 +86,11 @@ def test_openai_client_through_router(workers, make_router) -> None:
     assert comp.choices[0].text
     resp = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4, temperature=0)
     assert resp.output_text == out.choices[0].message.content  # the same conversation as chat
+    try:  # forwarded: the text workers answer that they serve no embeddings
+        client.embeddings.create(model=MODEL, input="Hi")
+        raise AssertionError("a text worker served embeddings")
+    except openai.BadRequestError as e:
+        assert "--runner pooling" in str(e)
     bad = openai.OpenAI(base_url=router.base_url + "/v1", api_key="wrong", max_retries=0)
     try:
         bad.models.list()

@@ -156,6 +156,9 @@ def test_shape_classify() -> None:
              {"type": "function_call_output", "call_id": "c", "output": "42"}]  # fmt: skip
     assert prompt_text({"input": items}) == "<user>hi\n<function_call_output>42"
     assert output_tokens({"input": "hi", "max_output_tokens": 7}) == 7
+    # embeddings: strings or token ids, read as a completion prompt
+    assert prompt_text({"input": ["doc one", "doc two"]}) == "doc one"
+    assert prompt_text({"input": [1, 2]}) == prompt_text({"prompt": [1, 2]})
 
 
 def test_breaker_opens_probes_and_closes() -> None:

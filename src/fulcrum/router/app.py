@@ -89,6 +89,10 @@ def build_app(
     async def responses(request: Request) -> Response:
         return await proxied(request, "/v1/responses")
 
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await proxied(request, "/v1/embeddings")
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         if (denied := unauthorized(request)) is not None:

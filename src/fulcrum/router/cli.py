@@ -30,7 +30,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "router",
         help="Route OpenAI requests over many workers (cache-, load- and shape-aware).",
-        description="An OpenAI-compatible front (/v1/chat/completions, /v1/completions, /v1/responses, "
+        description="An OpenAI-compatible front (/v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, "
         "/v1/models, /health, /metrics) over fulcrum, vLLM, SGLang or any OpenAI-compatible "
         "workers, with retries, circuit breakers and run-time worker changes (/workers).",
     )

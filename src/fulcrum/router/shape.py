@@ -27,8 +27,10 @@ def prompt_text(body: Mapping[str, Any]) -> str:
     """The text a worker will prefill, approximately: chat messages joined role by role (so
     requests sharing a system prompt share a leading text), or the completion prompt."""
     messages = body.get("messages")
-    if "input" in body and messages is None:  # the Responses API: instructions, then the input
-        items = body["input"]
+    items = body.get("input")
+    if isinstance(items, list) and items and not isinstance(items[0], dict):
+        body = {"prompt": items}  # embeddings: strings or token ids, read as a completion prompt
+    elif items is not None and messages is None:  # the Responses API: instructions, then input
         items = [{"role": "user", "content": items}] if isinstance(items, str) else items
         system = [{"role": "system", "content": body["instructions"]}] if body.get("instructions") else []
         messages = system + (items if isinstance(items, list) else [])
