@@ -214,3 +214,18 @@ def test_worker_that_fails_to_start_names_its_error(tiny_models, tmp_path):
     while _children() - before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not (_children() - before)
+
+
+def test_tp2_embeddings_equal_tp1(tiny_models):
+    """runner pooling over two ranks: every rank pools (no LM head, no vocabulary collective);
+    rank 0's vectors, mean-pooled over chunked prefill, equal one rank's."""
+    path = tiny_models["qwen3"]
+    engine = dict(ENGINE, runner="pooling", pooling_type="mean")
+    one = [o.outputs.embedding for o in LLM(path, **engine).embed(PROMPTS, use_tqdm=False)]
+    llm = LLM(path, tensor_parallel_size=2, **engine)
+    try:
+        two = [o.outputs.embedding for o in llm.embed(PROMPTS, use_tqdm=False)]
+    finally:
+        llm.core.shutdown()
+    for a, b in zip(one, two, strict=True):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)

@@ -335,7 +335,7 @@ class EngineArgs:
                 '"draft_model" (the draft has no adapters); ngram and suffix work.'
             )
         if pooler is not None:
-            _check_pooling(spec_config, parallel_config)
+            _check_pooling(spec_config)
         cache_config = CacheConfig(
             block_size=self.block_size,
             kv_cache_memory=self.kv_cache_memory,
@@ -368,17 +368,12 @@ class EngineArgs:
         )
 
 
-def _check_pooling(spec: SpeculativeConfig | None, parallel: ParallelConfig) -> None:
+def _check_pooling(spec: SpeculativeConfig | None) -> None:
     """An embedding model computes each prompt once and generates nothing."""
     if spec is not None:
         raise ValueError(
             "speculative_config: runner pooling computes embeddings; nothing is generated to "
             "speculate on."
-        )
-    if parallel.tensor_parallel_size > 1:
-        raise ValueError(
-            "runner: pooling is not supported with tensor_parallel_size="
-            f"{parallel.tensor_parallel_size} yet."
         )
 
 
