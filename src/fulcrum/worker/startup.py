@@ -48,8 +48,9 @@ def prepare_runner(runner: ModelRunner, agree: Callable[[int], int] | None = Non
         num_blocks = agree(num_blocks)
     runner.allocate_kv_cache(num_blocks)
     if runner.device.type == "cuda" and not runner.config.enforce_eager:
-        capture_graphs(runner)
-        capture_draft_graphs(runner)
+        if runner.pooler is None:  # an embedding model's prompts never decode
+            capture_graphs(runner)
+            capture_draft_graphs(runner)
         if runner.config.piecewise_graph_max_tokens > 0:
             capture_piecewise(runner)
     return num_blocks
