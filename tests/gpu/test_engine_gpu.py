@@ -407,8 +407,9 @@ def test_prompt_logprobs_through_piecewise_graphs(tiny_llama: str) -> None:
 
 def test_lora_adapter_on_cuda(tiny_llama: str, tmp_path) -> None:
     """A PEFT adapter on every projection: greedy tokens on CUDA in float32 equal PEFT's own
-    model there, its rows mixed with base-model rows (such steps run eagerly); then base rows
-    alone (the captured graphs, which hold no adapter path) equal PEFT with the adapter off."""
+    model there, its rows mixed with base-model rows (prefill eager, decode steps through the
+    LoRA decode graphs and the batched LoRA kernels); then base rows alone (the base graphs,
+    which hold no adapter path) equal PEFT with the adapter off."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -443,6 +444,7 @@ def test_lora_adapter_on_cuda(tiny_llama: str, tmp_path) -> None:
     outs = llm.generate(prompts + prompts, params, use_tqdm=False, lora=["a"] * 6 + [None] * 6)
     got = [list(o.outputs[0].token_ids) for o in outs]
     assert got[:6] == ref and got[6:] == base
+    assert runner.lora_graphs is not None and runner.lora_graphs.num_replays > 0
     replays = runner.graphs.num_replays
     assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)] == base
     assert runner.graphs.num_replays > replays  # base-only steps replayed the graphs

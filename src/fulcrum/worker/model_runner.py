@@ -84,7 +84,9 @@ class ModelRunner:
             from fulcrum.lora.layers import install_adapters
 
             adapters = [load_adapter(n, p) for n, p in config.lora_config.adapters]
-            self.lora = install_adapters(self.model, adapters, self.device, self.dtype)
+            sc = config.scheduler_config
+            rows = max(sc.max_num_seqs, sc.max_num_batched_tokens)
+            self.lora = install_adapters(self.model, adapters, self.device, self.dtype, rows)
         if kc.cpu_packed_linear:
             spec = config.speculative_config is not None  # verify steps of 2 to k + 1 rows
             pack_linear_weights(self.model, Linear, spec)
@@ -103,11 +105,14 @@ class ModelRunner:
         n_arange = max(sc.max_num_seqs, sc.max_num_batched_tokens) + 1
         self._arange = torch.arange(n_arange, dtype=torch.int32, device=self.device)
         self.graphs: DecodeGraphs | None = None
+        # decode graphs with the adapters' path (``lora/layers.py``): steps with adapter rows
+        self.lora_graphs: DecodeGraphs | None = None
         self.piecewise: PiecewiseGraphs | None = None
         self.use_cuda_graphs = False  # True once graphs are captured; benchmarks may toggle it
         # The last launched step's sampled ids (device) and each request's row in them.
         self._prev_sampled: torch.Tensor | None = None
         self._graph_ids: torch.Tensor | None = None  # greedy ids of the last graph replay
+        self._graph_owner: DecodeGraphs | None = None  # the graphs that replayed it
         self._prev_rows: dict[str, int] = {}
         self.num_graph_verify_steps = 0  # verify steps replayed in a decode graph
         self.timings: dict[str, float] = {"weights_s": self.load_time}
@@ -313,10 +318,21 @@ class ModelRunner:
         bs, n = self.block_size, len(ids)
         table = self.inputs.table(states, int(pos.max()) // bs + 1)
         slots = table.numpy()[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
-        if self._graphs_serve(states) and self.graphs is not None and self.graphs.bucket(n):
-            g = self.graphs
+        lora_rows = self.lora is not None and any(s.lora_slot for s in states)
+        g = self.lora_graphs if lora_rows else self.graphs
+        if self.use_cuda_graphs and g is not None and (bucket := g.bucket(n)):
+            if self.lora is not None:
+                # the graphs hold no eager grouping (an emulated replay re-runs the forward)
+                self.lora.groups = []
+            if lora_rows:  # each row's adapter, padded rows the base model's (slot 0)
+                assert self.lora is not None
+                slots_host = np.zeros(bucket, dtype=np.int32)
+                slots_host[:n] = [s.lora_slot for s in states]
+                self._staging.put("lora", slots_host, torch.int32, out=self.lora.slots[:bucket])
             params = self._graph_params(states, pos + 1) if may_draw else None
-            if g.patch_in_graph and self._prev_sampled is not self._graph_ids:
+            if g.patch_in_graph and (
+                self._prev_sampled is not self._graph_ids or self._graph_owner is not g
+            ):
                 b = g.stage(ids, pos, slots, table, params=params)  # patch rows all off ...
                 self._patch(g.tokens[0], dst, src)  # ... the tokens came from elsewhere
             else:  # patch rows copied with the rest
@@ -325,6 +341,7 @@ class ModelRunner:
                     self._fill_sampled(g.tokens[0], g.patch[:, : len(dst)])
             self._staging.fence()
             logits, self._graph_ids = g.replay(b, n)
+            self._graph_owner = g  # its ``sampled`` holds them (the in-graph patch reads it)
             return logits, self._graph_ids, params is not None
         seq_lens = pos + 1
         st, dev = self._staging, self.device
@@ -348,8 +365,9 @@ class ModelRunner:
         return self.model.compute_logits(hidden), None, False
 
     def _graphs_serve(self, states: list[ReqState]) -> bool:
-        """Whether the captured graphs may run this step: they hold the base model's path only
-        (captured with no adapter rows), so a step with any LoRA row runs eagerly."""
+        """Whether the base model's graphs (decode, piecewise prefill) may run this step: they
+        hold no LoRA path, so a step with adapter rows runs eagerly, or, when it decodes only,
+        through ``lora_graphs``."""
         return self.use_cuda_graphs and (self.lora is None or not any(s.lora_slot for s in states))
 
     def _graph_params(self, states: list[ReqState], positions: np.ndarray) -> np.ndarray | None:
@@ -421,6 +439,8 @@ class ModelRunner:
             # each layer's own attention: its scale, sliding window and soft-cap
             kv, layers = self.kv_caches, pw.model.layers
             attend = lambda i, q, k, v: layers[i].self_attn.backend.attend(q, k, v, kv[i], meta)  # noqa: E731
+            if self.lora is not None:  # base rows only (``_graphs_serve``), no eager grouping
+                self.lora.groups = []
             hidden = pw.run(bucket, attend)
         else:
             if self.lora is not None:

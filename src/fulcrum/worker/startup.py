@@ -222,6 +222,19 @@ def capture_graphs(runner: ModelRunner, emulate: bool = False) -> None:
     )
     if _capture(runner, graphs, "decode", "batch sizes", "graph_capture_s", note):
         runner.graphs = graphs
+    if runner.lora is not None:  # the same buckets with the adapters' path, for steps that use them
+        ctx = runner.lora
+
+        def lora_logits(*args, **kwargs):  # noqa: ANN202 - decode_logits' signature
+            ctx.graph_mode = True  # the LoRA layers take the static-slot path
+            try:
+                return decode_logits(runner, *args, **kwargs)
+            finally:
+                ctx.graph_mode = False
+
+        lora = new_decode_graphs(runner, lora_logits, emulate, rows, sample_in_graph=in_graph)
+        if _capture(runner, lora, "LoRA decode", "batch sizes", "lora_graph_capture_s", lambda: ""):
+            runner.lora_graphs = lora
 
 
 def capture_piecewise(runner: ModelRunner, emulate: bool = False) -> None:
