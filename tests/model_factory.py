@@ -242,3 +242,15 @@ def assert_first_divergence_in_top(ours, our_top, ref, ref_top, what: str) -> No
                 f"(top {ref_top[j]})"
             )
             return
+
+
+def make_tiny_classifier(path: str, num_labels: int, vocab: int = 320) -> str:
+    """A tiny random ``LlamaForSequenceClassification`` (pad id 0) saved to ``path``."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(num_labels)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      initializer_range=0.15, num_labels=num_labels, pad_token_id=0)  # fmt: skip
+    LlamaForSequenceClassification(cfg).eval().save_pretrained(path)
+    return path

@@ -54,10 +54,13 @@ class PoolerConfig:
     decoder's final norm, pooled into one vector per prompt. ``last``: the last prompt token's
     (decoder embedding models: Qwen3-Embedding, e5-mistral, gte-Qwen2); ``mean``: the average
     over every prompt token; ``cls``: the first token's. ``normalize``: scaled to unit L2 norm
-    (after a request's ``dimensions`` cut, if it asks for one)."""
+    (after a request's ``dimensions`` cut, if it asks for one). ``num_labels`` > 0: a sequence
+    classifier (``...ForSequenceClassification``: rerankers, reward and intent models), whose
+    ``score`` head turns the pooled vector into that many logits."""
 
     pooling_type: str = "last"
     normalize: bool = True
+    num_labels: int = 0
 
     def __post_init__(self) -> None:
         if self.pooling_type not in POOLING_TYPES:

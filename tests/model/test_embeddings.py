@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fulcrum import LLM
+from model_factory import make_tiny_classifier
 
 PROMPTS = [
     [5, 17, 33, 90, 4, 8, 120, 64, 7, 9, 11, 250, 3, 18, 44, 71, 2, 6, 99, 100, 31, 12, 13],
@@ -67,9 +68,9 @@ def test_bare_decoder_checkpoint_is_an_embedding_model(tmp_path, qwen3) -> None:
     outs = llm.embed(PROMPTS, use_tqdm=False)
     for o, h in zip(outs, hidden, strict=True):
         np.testing.assert_allclose(o.outputs.embedding, _pool(h, "last", False), atol=2e-5, rtol=1e-4)
-    with pytest.raises(ValueError, match="runner: this model is served for embeddings"):
+    with pytest.raises(ValueError, match="runner: this model is served by runner pooling"):
         llm.generate(PROMPTS[:1], use_tqdm=False)
-    with pytest.raises(ValueError, match="runner: Qwen3Model is a decoder without an LM head"):
+    with pytest.raises(ValueError, match="runner: Qwen3Model has no LM head"):
         LLM(bare, device="cpu", dtype="float32", runner="generate")
 
 
@@ -121,3 +122,50 @@ def test_sentence_transformers_layout_and_bad_settings(tmp_path, tiny_models) ->
     llm = LLM(src, device="cpu", dtype="float32")
     with pytest.raises(ValueError, match="runner: this model generates text"):
         llm.embed(PROMPTS[:1], use_tqdm=False)
+
+
+def test_classifier_equals_transformers(tmp_path) -> None:
+    """A ``LlamaForSequenceClassification`` serves as a classifier by itself: its score head on
+    the last token, chunked prefill; probabilities are the logits' softmax."""
+    from transformers import AutoModelForSequenceClassification
+
+    path = make_tiny_classifier(str(tmp_path / "cls"), 3)
+    hf = AutoModelForSequenceClassification.from_pretrained(path, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = [hf(torch.tensor([p])).logits[0].numpy() for p in PROMPTS]
+    llm = LLM(path, device="cpu", dtype="float32", max_num_batched_tokens=8)
+    outs = llm.classify(PROMPTS, use_tqdm=False)
+    for o, w in zip(outs, want, strict=True):
+        np.testing.assert_allclose(o.outputs.logits, w, atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(o.outputs.probs, np.exp(w) / np.exp(w).sum(), atol=1e-5)
+        assert o.outputs.num_classes == 3
+    with pytest.raises(ValueError, match="runner: this model is a classifier"):
+        llm.embed(PROMPTS[:1], use_tqdm=False)
+    with pytest.raises(ValueError, match="pooling_type: LlamaForSequenceClassification scores"):
+        LLM(path, device="cpu", pooling_type="mean")
+
+
+def test_score_cross_encoder_and_embedding_cosine(tmp_path, smollm_dir) -> None:
+    """``LLM.score``: a one-label classifier reads each (query, document) pair as one prompt
+    and gives its sigmoid; an embedding model gives the cosine of the two embeddings."""
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm_dir)
+    path = make_tiny_classifier(str(tmp_path / "rerank"), 1, vocab=len(tok))
+    tok.save_pretrained(path)
+    query, docs = "What is the capital of France?", ["Paris is the capital.", "Bananas are yellow."]
+    hf = AutoModelForSequenceClassification.from_pretrained(path, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = [torch.sigmoid(hf(**tok(query, d, return_tensors="pt")).logits[0, 0]).item() for d in docs]
+    llm = LLM(path, device="cpu", dtype="float32")
+    got = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    with pytest.raises(ValueError, match="text_1: pass one text or one per text_2"):
+        llm.score(["a", "b"], ["c", "d", "e"], use_tqdm=False)
+    bare = str(tmp_path / "bare")
+    AutoModel.from_pretrained(path, torch_dtype=torch.float32).save_pretrained(bare)
+    tok.save_pretrained(bare)
+    emb = LLM(bare, device="cpu", dtype="float32")
+    vecs = [np.array(o.outputs.embedding) for o in emb.embed([query, *docs], use_tqdm=False)]
+    got = [o.outputs.score for o in emb.score(query, docs, use_tqdm=False)]
+    np.testing.assert_allclose(got, [vecs[0] @ vecs[1], vecs[0] @ vecs[2]], atol=1e-5)

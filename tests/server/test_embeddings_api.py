@@ -91,3 +91,68 @@ def test_embeddings_bad_input(pooling_server: Server, server: Server) -> None:
     assert code == 400 and err["error"]["param"] == "model" and "/v1/embeddings" in err["error"]["message"]
     code, err = post(server, "/v1/embeddings", {"model": MODEL, "input": "hi"})
     assert code == 400 and err["error"]["param"] == "model" and "--runner pooling" in err["error"]["message"]
+
+
+def test_score_and_rerank_by_embedding_cosine(pooling_server: Server) -> None:
+    docs = ["Paris is the capital of France.", "Bananas are yellow.", "France borders Spain."]
+    code, emb = pooling_server.json("POST", "/v1/embeddings", {"input": [TEXTS[0], *docs]})
+    assert code == 200
+    vecs = [np.array(d["embedding"]) for d in emb["data"]]
+    want = [float(vecs[0] @ v) for v in vecs[1:]]  # unit vectors: the cosine
+    code, res = pooling_server.json("POST", "/v1/score", {"text_1": TEXTS[0], "text_2": docs})
+    assert code == 200 and [d["index"] for d in res["data"]] == [0, 1, 2]
+    np.testing.assert_allclose([d["score"] for d in res["data"]], want, atol=1e-5)
+    code, res = pooling_server.json("POST", "/v1/rerank", {"query": TEXTS[0], "documents": docs, "top_n": 2})
+    assert code == 200 and len(res["results"]) == 2
+    best = sorted(range(3), key=lambda i: -want[i])[:2]
+    assert [r["index"] for r in res["results"]] == best
+    assert res["results"][0]["document"]["text"] == docs[best[0]]
+    code, err = pooling_server.json("POST", "/classify", {"input": "hi"})
+    assert code == 400 and err["error"]["param"] == "model"
+    code, err = pooling_server.json("POST", "/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]})
+    assert code == 400 and err["error"]["param"] == "text_1"
+    code, err = pooling_server.json("POST", "/v1/rerank", {"query": "q", "documents": []})
+    assert code == 400 and "documents" in err["error"]["param"]
+
+
+@pytest.fixture(scope="module")
+def classifier_server(tmp_path_factory: pytest.TempPathFactory, smollm_dir) -> Iterator[tuple[Server, str]]:
+    from transformers import AutoTokenizer
+
+    from model_factory import make_tiny_classifier
+
+    tmp = tmp_path_factory.mktemp("classifier")
+    tok = AutoTokenizer.from_pretrained(smollm_dir)
+    path = make_tiny_classifier(str(tmp / "model"), 1, vocab=len(tok))
+    tok.save_pretrained(path)
+    s = start_server(str(tmp), "--api-key", API_KEY, "--model", path, "--served-model-name", "rr")
+    yield s, path
+    stop_server(s)
+
+
+def test_classifier_server_reranks_like_transformers(classifier_server) -> None:
+    """A one-label ``LlamaForSequenceClassification`` (a cross-encoder): each (query, document)
+    pair is one prompt; scores are transformers' sigmoid; /classify gives the probability."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    server, path = classifier_server
+    tok = AutoTokenizer.from_pretrained(path)
+    hf = AutoModelForSequenceClassification.from_pretrained(path, torch_dtype=torch.float32).eval()
+    query, docs = "capital of France", ["Paris is the capital.", "Bananas are yellow.", "Rome"]
+    with torch.no_grad():
+        logits = [hf(**tok(query, d, return_tensors="pt")).logits[0, 0].item() for d in docs]
+    want = [1 / (1 + np.exp(-x)) for x in logits]
+    code, res = server.json("POST", "/v1/rerank", {"model": "rr", "query": query, "documents": docs,
+                                                    "return_documents": False})  # fmt: skip
+    assert code == 200, res
+    assert [r["index"] for r in res["results"]] == sorted(range(3), key=lambda i: -want[i])
+    assert "document" not in res["results"][0]
+    np.testing.assert_allclose([r["relevance_score"] for r in sorted(res["results"], key=lambda r: r["index"])],
+                               want, atol=1e-5)  # fmt: skip
+    code, res = server.json("POST", "/score", {"text_1": query, "text_2": docs[0]})
+    assert code == 200 and abs(res["data"][0]["score"] - want[0]) < 1e-5
+    code, res = server.json("POST", "/classify", {"input": [query]})
+    assert code == 200 and res["data"][0]["num_classes"] == 1 and res["data"][0]["label"] == "LABEL_0"
+    code, err = server.json("POST", "/v1/embeddings", {"input": "hi"})
+    assert code == 400 and err["error"]["param"] == "model"

@@ -12,11 +12,16 @@ from fulcrum.engine.core import EngineCore
 from fulcrum.engine.output_processor import OutputProcessor
 from fulcrum.engine.outputs import RequestOutput
 from fulcrum.entrypoints.embedding import (
+    ClassificationRequestOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
     check_dimensions,
+    classification,
     embedding_params,
     finish_embedding,
+    score_plan,
 )
 from fulcrum.model.loader.tokenizer import load_tokenizer
 from fulcrum.protocol import EngineCoreRequest, to_wire
@@ -101,7 +106,8 @@ class LLM:
         """
         if self.config.model_config.pooler_config is not None:
             raise ValueError(
-                "runner: this model is served for embeddings (runner pooling); use LLM.embed."
+                "runner: this model is served by runner pooling (embeddings or labels); use "
+                "LLM.embed, LLM.classify or LLM.score."
             )
         return self._generate(prompts, sampling_params, use_tqdm, priority, lora)
 
@@ -118,24 +124,81 @@ class LLM:
         ``d`` components (Matryoshka models), normalized after the cut where the model
         normalizes. ``truncate_prompt_tokens``: keep only the last ``k`` prompt tokens (-1: as
         many as fit)."""
+        pc = self._pooler("embed")
+        check_dimensions(dimensions, int(self.config.model_config.hf_config.hidden_size))
+        outs = self._pooled(prompts, truncate_prompt_tokens, use_tqdm, lora, "Embedding")
+        return [
+            EmbeddingRequestOutput(o.request_id, o.prompt, o.prompt_token_ids,
+                                   EmbeddingOutput(finish_embedding(vec, pc, dimensions).tolist()))
+            for o, vec in outs
+        ]  # fmt: skip
+
+    def classify(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        use_tqdm: bool = True,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[ClassificationRequestOutput]:
+        """A sequence classifier's labels for every prompt (``...ForSequenceClassification``):
+        each output's ``probs`` (softmax; one label: its sigmoid) and ``logits``."""
+        self._pooler("classify")
+        outs = self._pooled(prompts, truncate_prompt_tokens, use_tqdm, None, "Classifying")
+        return [
+            ClassificationRequestOutput(o.request_id, o.prompt, o.prompt_token_ids, classification(vec))
+            for o, vec in outs
+        ]
+
+    def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        use_tqdm: bool = True,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """How well each ``text_2`` matches ``text_1`` (one against many, or pairwise): a
+        one-label classifier (a cross-encoder reranker) reads each pair as one prompt (the
+        tokenizer's pair encoding) and gives its sigmoid; an embedding model gives the cosine
+        of the two embeddings."""
+        pc = self._pooler("score")
+        a = [text_1] if isinstance(text_1, str) else list(text_1)
+        b = [text_2] if isinstance(text_2, str) else list(text_2)
+        if len(a) == 1:
+            a = a * len(b)
+        prompts, combine = score_plan(self.tokenizer, pc, a, b)
+        outs = self._pooled(prompts, truncate_prompt_tokens, use_tqdm, None, "Scoring")
+        scores = combine([vec for _, vec in outs])
+        if pc.num_labels:
+            ids = [o.prompt_token_ids for o, _ in outs]
+        else:  # each pair's two prompts
+            ids = [outs[i][0].prompt_token_ids + outs[len(a) + i][0].prompt_token_ids for i in range(len(a))]
+        return [
+            ScoringRequestOutput(outs[i][0].request_id, ids[i], ScoringOutput(scores[i]))
+            for i in range(len(a))
+        ]
+
+    def _pooler(self, what: str):  # noqa: ANN202 - PoolerConfig
+        """The model's pooling, or ValueError naming the method that fits it."""
         pc = self.config.model_config.pooler_config
         if pc is None:
             raise ValueError(
-                "runner: this model generates text; LLM(model, runner='pooling') serves it for "
-                "embeddings."
+                f"runner: this model generates text; LLM(model, runner='pooling') serves it "
+                f"for {what}."
             )
-        check_dimensions(dimensions, int(self.config.model_config.hf_config.hidden_size))
-        sp = embedding_params(truncate_prompt_tokens)
-        outs = self._generate(prompts, sp, use_tqdm, None, lora, desc="Embedding")
-        results = []
+        if what == "embed" and pc.num_labels:
+            raise ValueError("runner: this model is a classifier; use LLM.classify or LLM.score.")
+        if what == "classify" and not pc.num_labels:
+            raise ValueError("runner: this model computes embeddings; use LLM.embed or LLM.score.")
+        return pc
+
+    def _pooled(
+        self, prompts, truncate: int | None, use_tqdm: bool, lora, desc: str
+    ) -> list[tuple[RequestOutput, bytes]]:
+        """Each prompt's output and pooled vector (runner pooling), in order."""
+        outs = self._generate(prompts, embedding_params(truncate), use_tqdm, None, lora, desc=desc)
         for o in outs:
             if o.pooled is None:
-                raise RuntimeError(f"request {o.request_id}: the engine returned no embedding.")
-            vec = finish_embedding(o.pooled, pc, dimensions).tolist()
-            results.append(
-                EmbeddingRequestOutput(o.request_id, o.prompt, o.prompt_token_ids, EmbeddingOutput(vec))
-            )
-        return results
+                raise RuntimeError(f"request {o.request_id}: the engine returned no vector.")
+        return [(o, o.pooled) for o in outs]  # type: ignore[misc]
 
     def _generate(
         self,

@@ -30,9 +30,21 @@ def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
+_CLASSIFIER = "ForSequenceClassification"
+
+
+def is_classifier(architecture: str) -> bool:
+    """A sequence classifier: a decoder, its last token's hidden state, a ``score`` head."""
+    return architecture.endswith(_CLASSIFIER) and causal_lm_of(architecture) is not None
+
+
 def causal_lm_of(architecture: str) -> str | None:
-    """The ``...ForCausalLM`` whose decoder a bare ``...Model`` architecture is (an embedding
-    checkpoint without an LM head, e.g. ``Qwen3Model``, ``MistralModel``), else None."""
+    """The ``...ForCausalLM`` whose decoder a bare ``...Model`` architecture (an embedding
+    checkpoint without an LM head, e.g. ``Qwen3Model``, ``MistralModel``) or a
+    ``...ForSequenceClassification`` is, else None."""
+    if architecture.endswith(_CLASSIFIER):
+        name = architecture[: -len(_CLASSIFIER)] + "ForCausalLM"
+        return name if name in _MODELS else None
     if not architecture.endswith("Model") or architecture in _MODELS:
         return None
     stem = architecture[: -len("Model")]
@@ -46,7 +58,7 @@ def get_model_cls(architecture: str) -> type[nn.Module]:
     if name not in _MODELS:
         raise ValueError(
             f"architectures: unknown architecture {architecture!r}; supported: "
-            f"{', '.join(supported_architectures())} (and their bare ...Model decoders, served "
-            "as embedding models)."
+            f"{', '.join(supported_architectures())} (and their bare ...Model decoders and "
+            "...ForSequenceClassification heads, served by runner pooling)."
         )
     return _MODELS[name]

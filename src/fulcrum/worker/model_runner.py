@@ -453,6 +453,11 @@ class ModelRunner:
             )
         if self.pooler is not None:
             self._pooled = self.pooler.step(hidden, qsl, states, starts)
+            head = getattr(self.model, "score", None)  # a classifier's labels
+            if head is not None and self._pooled:
+                vecs = torch.stack([v for _, v in self._pooled]).to(self.dtype)
+                logits = head(vecs).float()
+                self._pooled = [(rid, logits[i]) for i, (rid, _) in enumerate(self._pooled)]
         ends = gb.seq_lens[rows]
         if last is None:
             return None, rows, ends, drafts, prompt_lps

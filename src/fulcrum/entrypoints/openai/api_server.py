@@ -26,6 +26,7 @@ from fulcrum.entrypoints.openai.middleware import ServerGuard
 from fulcrum.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ClassificationRequest,
     CompletionRequest,
     CompletionResponse,
     DetokenizeRequest,
@@ -35,6 +36,8 @@ from fulcrum.entrypoints.openai.protocol import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    RerankRequest,
+    ScoreRequest,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -43,7 +46,7 @@ from fulcrum.entrypoints.openai.responses_protocol import ResponsesRequest
 from fulcrum.entrypoints.openai.serving_base import ClientDisconnected, ServerState
 from fulcrum.entrypoints.openai.serving_chat import ServingChat, messages_as_dicts
 from fulcrum.entrypoints.openai.serving_completions import ServingCompletions
-from fulcrum.entrypoints.openai.serving_embeddings import ServingEmbeddings
+from fulcrum.entrypoints.openai.serving_embeddings import ServingPooling
 from fulcrum.entrypoints.openai.serving_responses import ServingResponses
 
 logger = logging.getLogger(__name__)
@@ -84,7 +87,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     chat = ServingChat(state)
     completions = ServingCompletions(state)
     responses = ServingResponses(chat)
-    embeddings = ServingEmbeddings(state)
+    pooling = ServingPooling(state)
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(_: Request, __: ClientDisconnected) -> Response:
@@ -116,7 +119,22 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
 
     @app.post("/v1/embeddings", response_model=EmbeddingResponse, responses=_ERRORS)
     async def create_embedding(body: EmbeddingRequest, raw: Request) -> Response:
-        return await embeddings.create(body, raw)
+        return await pooling.embeddings(body, raw)
+
+    @app.post("/classify", responses=_ERRORS)
+    async def classify(body: ClassificationRequest, raw: Request) -> Response:
+        return await pooling.classify(body, raw)
+
+    @app.post("/v1/score", responses=_ERRORS)
+    @app.post("/score", responses=_ERRORS, include_in_schema=False)
+    async def score(body: ScoreRequest, raw: Request) -> Response:
+        return await pooling.score(body, raw)
+
+    @app.post("/v1/rerank", responses=_ERRORS)
+    @app.post("/rerank", responses=_ERRORS, include_in_schema=False)
+    @app.post("/v2/rerank", responses=_ERRORS, include_in_schema=False)
+    async def rerank(body: RerankRequest, raw: Request) -> Response:
+        return await pooling.rerank(body, raw)
 
     def model_card(name: str) -> ModelCard:
         assert state.engine is not None

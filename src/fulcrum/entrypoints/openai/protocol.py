@@ -215,11 +215,53 @@ class CompletionRequest(SamplingRequest):
     )
 
 
-class EmbeddingRequest(OpenAIBaseModel):
+class PoolingRequest(OpenAIBaseModel):
+    """Fields every runner-pooling request shares (vLLM's extensions)."""
+
+    model: str | None = None
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=-1, description="Keep only the last k tokens of each input (-1: as many as fit)."
+    )
+    priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            required = {n for n, f in cls.model_fields.items() if f.is_required()}
+            return {k: v for k, v in data.items() if v is not None or k in required}
+        return data
+
+
+class ClassificationRequest(PoolingRequest):
+    """vLLM's POST /classify: a sequence classifier's labels for each input."""
+
+    input: CompletionPrompt
+
+
+class ScoreRequest(PoolingRequest):
+    """vLLM's POST /v1/score: ``text_2`` scored against ``text_1`` (one against many, or
+    pairwise) by a one-label classifier (a cross-encoder) or an embedding model's cosine."""
+
+    text_1: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS_PER_REQUEST)]
+    text_2: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS_PER_REQUEST)]
+
+
+class RerankRequest(PoolingRequest):
+    """The Jina / Cohere rerank request (POST /v1/rerank, /rerank, /v2/rerank): ``documents``
+    ordered by their score against ``query``, the best ``top_n``."""
+
+    query: str
+    documents: Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS_PER_REQUEST)]
+    top_n: int | None = Field(None, ge=1, description="Return the best n (default: all).")
+    return_documents: bool = True
+
+
+class EmbeddingRequest(PoolingRequest):
     """OpenAI's embeddings request, plus vLLM's ``truncate_prompt_tokens``; served by a model
     started with ``--runner pooling`` (or a bare decoder checkpoint)."""
 
-    model: str | None = None
     input: CompletionPrompt
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="base64: each vector as little-endian float32 bytes, base64-encoded."
@@ -227,19 +269,7 @@ class EmbeddingRequest(OpenAIBaseModel):
     dimensions: int | None = Field(
         None, ge=1, description="Keep the first d components (normalized after the cut)."
     )
-    user: str | None = None
-    truncate_prompt_tokens: int | None = Field(
-        None, ge=-1, description="Keep only the last k tokens of each input (-1: as many as fit)."
-    )
     cache_salt: str | None = None
-    priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_default(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None or k == "input"}
-        return data
 
 
 class EmbeddingData(OpenAIBaseModel):

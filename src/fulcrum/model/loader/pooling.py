@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 
 from fulcrum.config import ModelConfig, PoolerConfig
-from fulcrum.model.registry import causal_lm_of
+from fulcrum.model.registry import causal_lm_of, is_classifier
 
 RUNNERS = ("auto", "generate", "pooling")
 
@@ -43,12 +43,24 @@ def resolve_pooler(
     if runner == "generate":
         if bare:
             raise ValueError(
-                f"runner: {mc.architecture} is a decoder without an LM head (an embedding "
-                "model's checkpoint); serve it with runner pooling."
+                f"runner: {mc.architecture} has no LM head (an embedding model's or a "
+                "classifier's checkpoint); serve it with runner pooling."
             )
         if pooling_type is not None:
             raise ValueError("pooling_type: applies to runner pooling only.")
         return None
+    if is_classifier(mc.architecture):
+        # transformers' classifiers score the last token's hidden state, unnormalized
+        if pooling_type not in (None, "last"):
+            raise ValueError(
+                f"pooling_type: {mc.architecture} scores the last token; got {pooling_type!r}."
+            )
+        # config.json stores the labels as id2label (transformers derives num_labels from it)
+        id2label = getattr(mc.hf_config, "id2label", None)
+        labels = len(id2label) if id2label else int(getattr(mc.hf_config, "num_labels", 0) or 0)
+        if labels < 1:
+            raise ValueError(f"num_labels: {mc.architecture}'s config names no labels.")
+        return PoolerConfig("last", normalize=False, num_labels=labels)
     st = _sentence_transformers(mc.weights_path)
     if pooling_type is None:
         pooling_type = st[0]() if st is not None else "last"

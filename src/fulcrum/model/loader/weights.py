@@ -115,11 +115,13 @@ class NoLMHead(nn.Module):
 
 def _decoder_weights(weights):
     """An embedding model's tensors under the causal LM's names: a bare decoder's checkpoint
-    (``Qwen3Model``: ``layers.0...``) gains the ``model.`` prefix; an LM head is not loaded."""
+    (``Qwen3Model``: ``layers.0...``) gains the ``model.`` prefix; an LM head is not loaded;
+    a classifier's ``score`` head keeps its name."""
     for name, tensor in weights:
         if name.startswith("lm_head."):
             continue
-        yield (name if name.startswith("model.") else "model." + name), tensor
+        keep = name.startswith(("model.", "score."))
+        yield (name if keep else "model." + name), tensor
 
 
 def load_model(
@@ -146,6 +148,10 @@ def load_model(
         torch.set_default_dtype(old)
     if mc.pooler_config is not None:  # an embedding model: hidden states, no vocabulary
         model.lm_head = NoLMHead(mc.vocab_size)
+        if mc.pooler_config.num_labels:  # a classifier's head, on the pooled vector
+            hidden = int(mc.hf_config.hidden_size)
+            model.score = nn.Linear(hidden, mc.pooler_config.num_labels, bias=False,
+                                    device=device, dtype=mc.dtype)  # fmt: skip
     # Buffers (the rotary cache) stay float32.
     for buf in model.buffers():
         if buf.is_floating_point():
