@@ -159,6 +159,8 @@ def test_shape_classify() -> None:
     # embeddings: strings or token ids, read as a completion prompt
     assert prompt_text({"input": ["doc one", "doc two"]}) == "doc one"
     assert prompt_text({"input": [1, 2]}) == prompt_text({"prompt": [1, 2]})
+    assert prompt_text({"query": "q", "documents": ["a"]}) == "q"  # rerank
+    assert prompt_text({"text_1": ["t", "u"], "text_2": ["a", "b"]}) == "t"  # score
 
 
 def test_breaker_opens_probes_and_closes() -> None:

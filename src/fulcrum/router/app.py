@@ -93,6 +93,18 @@ def build_app(
     async def embeddings(request: Request) -> Response:
         return await proxied(request, "/v1/embeddings")
 
+    @app.post("/classify")
+    async def classify(request: Request) -> Response:
+        return await proxied(request, "/classify")
+
+    @app.post("/v1/score")
+    async def score(request: Request) -> Response:
+        return await proxied(request, "/v1/score")
+
+    @app.post("/v1/rerank")
+    async def rerank(request: Request) -> Response:
+        return await proxied(request, "/v1/rerank")
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         if (denied := unauthorized(request)) is not None:

@@ -30,8 +30,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "router",
         help="Route OpenAI requests over many workers (cache-, load- and shape-aware).",
-        description="An OpenAI-compatible front (/v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, "
-        "/v1/models, /health, /metrics) over fulcrum, vLLM, SGLang or any OpenAI-compatible "
+        description="An OpenAI-compatible front (/v1/chat/completions, /v1/completions, "
+        "/v1/responses, /v1/embeddings, /classify, /v1/score, /v1/rerank, /v1/models, "
+        "/health, /metrics) over fulcrum, vLLM, SGLang or any OpenAI-compatible "
         "workers, with retries, circuit breakers and run-time worker changes (/workers).",
     )
     p.add_argument("--host", default="127.0.0.1", help="Address to bind (default: %(default)s).")

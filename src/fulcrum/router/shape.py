@@ -27,6 +27,9 @@ def prompt_text(body: Mapping[str, Any]) -> str:
     """The text a worker will prefill, approximately: chat messages joined role by role (so
     requests sharing a system prompt share a leading text), or the completion prompt."""
     messages = body.get("messages")
+    if "query" in body or "text_1" in body:  # rerank, score: the text every pair starts with
+        first = body.get("query", body.get("text_1"))
+        body = {"prompt": first if isinstance(first, str) else (first or [""])[0]}
     items = body.get("input")
     if isinstance(items, list) and items and not isinstance(items[0], dict):
         body = {"prompt": items}  # embeddings: strings or token ids, read as a completion prompt
