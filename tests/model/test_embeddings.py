@@ -52,6 +52,7 @@ def test_pooled_equals_transformers_over_chunks(qwen3, kind: str) -> None:
     assert [o.prompt_token_ids for o in outs] == PROMPTS + PROMPTS[:1]
     for o, h in zip(outs, hidden + hidden[:1], strict=True):
         np.testing.assert_allclose(o.outputs.embedding, _pool(h, kind), atol=2e-5, rtol=1e-4)
+    assert llm.stats()["generation_tokens_total"] == 0  # the dropped token is not counted
     hits = llm.stats()["prefix_cache_hits"]
     assert (hits > 0) == (kind == "last")  # mean and cls compute every position themselves
 

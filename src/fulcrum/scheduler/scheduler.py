@@ -428,7 +428,8 @@ class Scheduler:
                 if req.matcher is not None and id(req) not in advanced:
                     if not req.matcher.accept_token(tok):
                         logger.warning("request %s: token %d rejected by its grammar", req.key, tok)
-                self.generation_tokens_total += 1
+                if req.pooled is None:  # an embedding's one token is not generated text
+                    self.generation_tokens_total += 1
                 finish = self._check_stop(req, tok)
                 if finish is not None:
                     break
