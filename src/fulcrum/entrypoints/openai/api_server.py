@@ -27,6 +27,7 @@ from fulcrum.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ClassificationRequest,
+    ClassificationResponse,
     CompletionRequest,
     CompletionResponse,
     DetokenizeRequest,
@@ -37,7 +38,9 @@ from fulcrum.entrypoints.openai.protocol import (
     ModelCard,
     ModelList,
     RerankRequest,
+    RerankResponse,
     ScoreRequest,
+    ScoreResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -121,18 +124,18 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     async def create_embedding(body: EmbeddingRequest, raw: Request) -> Response:
         return await pooling.embeddings(body, raw)
 
-    @app.post("/classify", responses=_ERRORS)
+    @app.post("/classify", response_model=ClassificationResponse, responses=_ERRORS)
     async def classify(body: ClassificationRequest, raw: Request) -> Response:
         return await pooling.classify(body, raw)
 
-    @app.post("/v1/score", responses=_ERRORS)
-    @app.post("/score", responses=_ERRORS, include_in_schema=False)
+    @app.post("/v1/score", response_model=ScoreResponse, responses=_ERRORS)
+    @app.post("/score", response_model=ScoreResponse, responses=_ERRORS, include_in_schema=False)
     async def score(body: ScoreRequest, raw: Request) -> Response:
         return await pooling.score(body, raw)
 
-    @app.post("/v1/rerank", responses=_ERRORS)
-    @app.post("/rerank", responses=_ERRORS, include_in_schema=False)
-    @app.post("/v2/rerank", responses=_ERRORS, include_in_schema=False)
+    @app.post("/v1/rerank", response_model=RerankResponse, responses=_ERRORS)
+    @app.post("/rerank", response_model=RerankResponse, responses=_ERRORS, include_in_schema=False)
+    @app.post("/v2/rerank", response_model=RerankResponse, responses=_ERRORS, include_in_schema=False)
     async def rerank(body: RerankRequest, raw: Request) -> Response:
         return await pooling.rerank(body, raw)
 

@@ -272,6 +272,64 @@ class EmbeddingRequest(PoolingRequest):
     cache_salt: str | None = None
 
 
+class PoolingUsage(OpenAIBaseModel):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int = 0
+
+
+class ClassificationData(OpenAIBaseModel):
+    index: int
+    label: str
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(OpenAIBaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ClassificationData]
+    usage: PoolingUsage
+
+
+class ScoreData(OpenAIBaseModel):
+    index: int
+    object: Literal["score"] = "score"
+    score: float
+
+
+class ScoreResponse(OpenAIBaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: PoolingUsage
+
+
+class RerankDocument(OpenAIBaseModel):
+    text: str
+
+
+class RerankResult(OpenAIBaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankUsage(OpenAIBaseModel):
+    total_tokens: int
+
+
+class RerankResponse(OpenAIBaseModel):
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]
+
+
 class EmbeddingData(OpenAIBaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
