@@ -79,26 +79,29 @@ def test_adapter_rows_through_emulated_decode_graphs(case) -> None:
 
     base, prompts, dirs, ref = case
     llm = LLM(base, device="cpu", dtype="float32", block_size=4, lora_modules=dirs,
-              attention_backend="triton", max_num_seqs=8, async_scheduling="on",
+              attention_backend="triton", max_num_seqs=4, async_scheduling="on",
               kernel_config={"graph_patch": True})  # fmt: skip
     runner = llm.core.runner
     startup.capture_graphs(runner, emulate=True)
     assert runner.graphs is not None and runner.lora_graphs is not None
     names = [None, "all", "qv"]
-    batch = [(p, n) for p in prompts[:2] for n in names]  # 6 rows: the 8-row bucket, padded
+    batch = [(p, n) for p in prompts[:1] for n in names]  # 3 rows: the 4-row bucket, padded
     # the adapters' rows stop first: the last steps switch from the LoRA graphs to the base ones
-    params = [SamplingParams(temperature=0, max_tokens=MAX_NEW if n is None else MAX_NEW - 4,
+    # (each decode step runs the Triton attention through the CPU's interpreter: short outputs)
+    params = [SamplingParams(temperature=0, max_tokens=7 if n is None else 3,
                              ignore_eos=True) for _, n in batch]  # fmt: skip
     outs = llm.generate([p for p, _ in batch], params, use_tqdm=False, lora=[n for _, n in batch])
     for (p, n), got, sp in zip(batch, toks(outs), params, strict=True):
         assert got == ref[n][prompts.index(p)][: sp.max_tokens], (n, p)
-    assert runner.lora_graphs.num_replays >= MAX_NEW - 5
+    assert runner.lora_graphs.num_replays >= 2
     base_replays = runner.graphs.num_replays
     assert base_replays >= 3
     # the base rows alone, then an adapter alone: each set of graphs serves its steps
-    assert toks(llm.generate(prompts, params[0], use_tqdm=False)) == ref[None]
+    short = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    assert toks(llm.generate(prompts[1:3], short, use_tqdm=False)) == [r[:3] for r in ref[None][1:3]]
     assert runner.graphs.num_replays > base_replays
-    assert toks(llm.generate(prompts, params[0], use_tqdm=False, lora="all")) == ref["all"]
+    got = toks(llm.generate(prompts[1:3], short, use_tqdm=False, lora="all"))
+    assert got == [r[:3] for r in ref["all"][1:3]]
 
 
 def test_bad_adapters_and_names(case, tmp_path) -> None:

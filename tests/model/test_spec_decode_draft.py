@@ -105,7 +105,7 @@ def test_emulated_draft_graphs_match(tiny_models, drafts):
     from fulcrum.worker.draft_graphs import capture_draft_graphs
 
     prompts = _prompts(6)[2:5]
-    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    sp = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     kw = dict(device="cpu", dtype="float32", attention_backend="triton", max_num_seqs=4)
     spec = draft_spec(drafts["noisy"], k=3)
     eager = LLM(tiny_models["llama"], speculative_config=spec, **kw)
