@@ -183,16 +183,24 @@ class Driver:
         return outs, dt
 
     def run(
-        self, reqs: list[tuple[list[int], int]], deadline: float, sampling: dict | None = None
+        self,
+        reqs: list[tuple[list[int], int]],
+        deadline: float,
+        sampling: dict | None = None,
+        lora: list[str | None] | None = None,
     ) -> dict:
         """Every request to completion (or the deadline); greedy unless ``sampling`` gives
-        other ``SamplingParams`` fields."""
+        other ``SamplingParams`` fields; ``lora``: each request's adapter (None: the base)."""
         from fulcrum import SamplingParams
 
         llm, core = self.llm, self.llm.core
         self.steps.clear()
         kw = dict(temperature=0, ignore_eos=True) | (sampling or {})
-        ids = [llm._add(p, SamplingParams(max_tokens=o, **kw)) for p, o in reqs]
+        names = lora if lora is not None else [None] * len(reqs)
+        ids = [
+            llm._add(p, SamplingParams(max_tokens=o, **kw), 0, name)
+            for (p, o), name in zip(reqs, names, strict=True)
+        ]
         n_out, done, step_s, first_tok = 0, 0, [], None
         n_exec, by_kind = 0, {}  # kind -> [steps, seconds of whole engine steps]
         nvml: dict[str, list[tuple[int, int]]] = {}  # kind -> (SM MHz, W) every 16th step
