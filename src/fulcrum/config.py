@@ -61,6 +61,9 @@ class PoolerConfig:
     pooling_type: str = "last"
     normalize: bool = True
     num_labels: int = 0
+    # a reranker kept as a causal LM (config ``classifier_from_token``): its labels are the LM
+    # head's rows of these tokens; two tokens (no, yes) give one label, yes minus no
+    label_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.pooling_type not in POOLING_TYPES:

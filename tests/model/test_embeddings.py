@@ -170,3 +170,36 @@ def test_score_cross_encoder_and_embedding_cosine(tmp_path, smollm_dir) -> None:
     vecs = [np.array(o.outputs.embedding) for o in emb.embed([query, *docs], use_tqdm=False)]
     got = [o.outputs.score for o in emb.score(query, docs, use_tqdm=False)]
     np.testing.assert_allclose(got, [vecs[0] @ vecs[1], vecs[0] @ vecs[2]], atol=1e-5)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_causal_lm_reranker_from_label_tokens(tmp_path, smollm_dir, tied: bool) -> None:
+    """A reranker kept as a causal LM (Qwen3-Reranker's layout), served as a classifier through
+    ``hf_overrides``: the score is the LM head's yes-minus-no logit at the last token, so its
+    sigmoid is P(yes) of the two-way softmax."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(smollm_dir)
+    torch.manual_seed(3)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      initializer_range=0.15, tie_word_embeddings=tied)  # fmt: skip
+    path = str(tmp_path / "lm")
+    LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    tok.save_pretrained(path)
+    no, yes = (tok("no", add_special_tokens=False).input_ids[0], tok("yes", add_special_tokens=False).input_ids[0])
+    query, docs = "Is Paris in France?", ["Paris is in France.", "Bananas are yellow."]
+    hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        last = [hf(**tok(query, d, return_tensors="pt")).logits[0, -1] for d in docs]
+    want = [torch.sigmoid(x[yes] - x[no]).item() for x in last]
+    over = {"architectures": ["LlamaForSequenceClassification"], "classifier_from_token": ["no", "yes"]}
+    llm = LLM(path, device="cpu", dtype="float32", hf_overrides=over)
+    assert llm.config.model_config.pooler_config.label_token_ids == (no, yes)
+    np.testing.assert_allclose([o.outputs.score for o in llm.score(query, docs, use_tqdm=False)], want, atol=1e-5)
+    if tied:
+        return
+    with pytest.raises(ValueError, match="classifier_from_token: 'definitely not' is"):
+        LLM(path, device="cpu", hf_overrides={**over, "classifier_from_token": ["no", "definitely not"]})
+    with pytest.raises(ValueError, match="hf_overrides: expected a JSON object"):
+        LLM(path, device="cpu", hf_overrides="[1, 2]")

@@ -91,6 +91,10 @@ _HELP = {
     "lora_modules": "LoRA adapters to serve beside the base model, each NAME=PATH (a PEFT "
     "adapter directory: adapter_config.json and adapter_model.safetensors); a request selects "
     "one by its model name. Steps with an adapter's rows run without CUDA graphs.",
+    "hf_overrides": "config.json fields to replace, as JSON, e.g. '{\"max_position_embeddings\": "
+    "65536}' or, for a reranker kept as a causal LM (Qwen3-Reranker), '{\"architectures\": "
+    "[\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": [\"no\", \"yes\"]}' "
+    "(its score is the LM head's yes-minus-no logit).",
     "runner": "What the model serves: generate (text), pooling (embeddings: /v1/embeddings, "
     "LLM.embed; a causal LM's checkpoint is served by its decoder's hidden states) or auto "
     "(pooling for a bare decoder without an LM head, such as Qwen3Model or MistralModel; "
@@ -126,6 +130,27 @@ def parse_kernel_config(value: str | Mapping[str, Any] | KernelConfig | None) ->
         except json.JSONDecodeError as e:
             raise ValueError(f"kernel_config: not valid JSON ({e}).") from None
     return KernelConfig.from_dict(value)  # type: ignore[arg-type]
+
+
+def parse_json_object(value: str | Mapping[str, Any] | None, field: str) -> dict[str, Any] | None:
+    """A JSON object given as text or as a dict; ValueError naming ``field`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{field}: not valid JSON ({e}).") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{field}: expected a JSON object, got {type(value).__name__}.")
+    return dict(value)
+
+
+def _cli_json_object(text: str) -> dict[str, Any] | None:
+    try:
+        return parse_json_object(text, "hf_overrides")
+    except ValueError as e:  # argparse prints it with the flag's name and exits 2
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _cli_kernel_config(text: str) -> KernelConfig:
@@ -193,6 +218,8 @@ class EngineArgs:
     worker_timeout: float = 120.0
     # name -> PEFT adapter directory, or "name=path" strings (the CLI's form); None: no LoRA
     lora_modules: Mapping[str, str] | list[str] | None = None
+    # config.json fields to replace (a dict, or JSON from the CLI); None: the file as it is
+    hf_overrides: dict[str, Any] | str | None = None
     runner: str = "auto"
     pooling_type: str | None = None  # None: the checkpoint's sentence-transformers config, else last
     embedding_normalize: str = "auto"
@@ -207,6 +234,9 @@ class EngineArgs:
                 g.add_argument(
                     flag, type=_cli_kernel_config, default=None, help=_kernel_config_help()
                 )
+                continue
+            if f.name == "hf_overrides":
+                g.add_argument(flag, type=_cli_json_object, default=None, help=_HELP[f.name])
                 continue
             if f.name == "lora_modules":
                 g.add_argument(flag, nargs="+", metavar="NAME=PATH", default=None,
@@ -296,6 +326,7 @@ class EngineArgs:
             dtype=dtype,
             max_model_len=self.max_model_len,
             seed=self.seed,
+            hf_overrides=parse_json_object(self.hf_overrides, "hf_overrides"),
         )
         pooler = resolve_pooler(self.runner, self.pooling_type, self.embedding_normalize, model_config)
         model_config = dataclasses.replace(model_config, pooler_config=pooler)
@@ -336,6 +367,11 @@ class EngineArgs:
             )
         if pooler is not None:
             _check_pooling(spec_config)
+            if pooler.label_token_ids and parallel_config.tensor_parallel_size > 1:
+                raise ValueError(
+                    "hf_overrides: classifier_from_token reads the whole LM head; it is not "
+                    "supported with tensor_parallel_size > 1 yet."
+                )
         cache_config = CacheConfig(
             block_size=self.block_size,
             kv_cache_memory=self.kv_cache_memory,

@@ -55,6 +55,10 @@ def resolve_pooler(
             raise ValueError(
                 f"pooling_type: {mc.architecture} scores the last token; got {pooling_type!r}."
             )
+        tokens = getattr(mc.hf_config, "classifier_from_token", None)
+        if tokens:
+            ids = _token_ids(mc, tokens)
+            return PoolerConfig("last", False, 1 if len(ids) == 2 else len(ids), ids)
         # config.json stores the labels as id2label (transformers derives num_labels from it)
         id2label = getattr(mc.hf_config, "id2label", None)
         labels = len(id2label) if id2label else int(getattr(mc.hf_config, "num_labels", 0) or 0)
@@ -69,6 +73,22 @@ def resolve_pooler(
     else:
         norm = normalize == "on"
     return PoolerConfig(pooling_type, norm)
+
+
+def _token_ids(mc: ModelConfig, tokens: list[str]) -> tuple[int, ...]:
+    """``classifier_from_token``'s ids: each must be one token of the model's vocabulary."""
+    if mc.tokenizer_path is None:
+        raise ValueError("classifier_from_token: the model has no tokenizer to read its tokens.")
+    from fulcrum.model.loader.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(mc)
+    ids = []
+    for t in tokens:
+        found = tok(t, add_special_tokens=False).input_ids
+        if len(found) != 1:
+            raise ValueError(f"classifier_from_token: {t!r} is {len(found)} tokens, not one.")
+        ids.append(int(found[0]))
+    return tuple(ids)
 
 
 def _sentence_transformers(path: str) -> tuple[Callable[[], str], bool] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import torch
 
@@ -69,7 +70,10 @@ def resolve_model_config(
     dtype: torch.dtype = torch.float32,
     max_model_len: int | None = None,
     seed: int = 0,
+    hf_overrides: dict[str, Any] | None = None,
 ) -> ModelConfig:
+    """``hf_overrides``: config.json fields replaced before anything reads them (vLLM's
+    ``--hf-overrides``: another architecture, a longer context, a classifier's label tokens)."""
     from fulcrum.model.loader.default_model import default_model_path
     from fulcrum.model.registry import get_model_cls
 
@@ -106,6 +110,10 @@ def resolve_model_config(
         load_format, weights_path = "safetensors", model
         hf_config = _load_hf_config(cfg_file)
         tok = tokenizer or (model if _has_tokenizer(model) else None)
+    if hf_overrides:
+        from fulcrum.model.loader.hf_config import HFConfig
+
+        hf_config = HFConfig({**hf_config.to_dict(), **hf_overrides})
     archs = getattr(hf_config, "architectures", None)
     if not archs:
         raise ValueError(f"architectures: config of {model!r} names no architecture.")

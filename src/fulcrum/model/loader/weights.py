@@ -113,15 +113,30 @@ class NoLMHead(nn.Module):
         return hidden.new_zeros(hidden.shape[0], self.vocab_size)
 
 
-def _decoder_weights(weights):
+def _decoder_weights(weights, label_ids: tuple[int, ...] = (), rows: dict | None = None):
     """An embedding model's tensors under the causal LM's names: a bare decoder's checkpoint
-    (``Qwen3Model``: ``layers.0...``) gains the ``model.`` prefix; an LM head is not loaded;
-    a classifier's ``score`` head keeps its name."""
+    (``Qwen3Model``: ``layers.0...``) gains the ``model.`` prefix; an LM head is not loaded
+    (but its ``label_ids`` rows are kept in ``rows``); a classifier's ``score`` head keeps its
+    name."""
     for name, tensor in weights:
         if name.startswith("lm_head."):
+            if label_ids and rows is not None and name == "lm_head.weight":
+                rows.update({i: tensor[i].clone() for i in label_ids})
             continue
         keep = name.startswith(("model.", "score."))
         yield (name if keep else "model." + name), tensor
+
+
+def _label_head(model: nn.Module, ids: tuple[int, ...], rows: dict[int, torch.Tensor]) -> str:
+    """A causal-LM reranker's score head from its LM head's label rows (tied: the embedding's):
+    two tokens (no, yes) give yes minus no, so the sigmoid of the score is P(yes) of the pair's
+    softmax; more give one label each. Returns the parameter's loaded-key."""
+    if not rows:  # tied embeddings: the LM head is the input embedding
+        emb = model.model.embed_tokens.weight
+        rows = {i: emb[i] for i in ids}
+    w = [rows[i].to(model.score.weight) for i in ids]
+    model.score.weight.data.copy_(torch.stack([w[1] - w[0]] if len(w) == 2 else w))
+    return "score.weight#None"
 
 
 def load_model(
@@ -172,9 +187,12 @@ def load_model(
                 weights = iter_safetensors(gguf_loader.convert_gguf(mc.model), shard)
         else:
             weights = iter_safetensors(mc.weights_path, shard)
+        rows: dict[int, torch.Tensor] = {}  # a causal-LM reranker's label rows of its LM head
         if mc.pooler_config is not None:
-            weights = _decoder_weights(weights)
+            weights = _decoder_weights(weights, mc.pooler_config.label_token_ids, rows)
         loaded = model.load_weights(weights)
+        if mc.pooler_config is not None and mc.pooler_config.label_token_ids:
+            loaded.add(_label_head(model, mc.pooler_config.label_token_ids, rows))
         expected = model.expected_weight_count()
         if len(loaded) != expected:
             raise ValueError(
