@@ -61,8 +61,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve",
         help="Run the OpenAI-compatible API server.",
-        description="Serve a model over the OpenAI API (chat, completions, models, tokenize, "
-        "metrics). The engine core runs in a child process.",
+        description="Serve a model over the OpenAI API (chat, completions, responses, models, "
+        "tokenize, metrics; with --runner pooling: embeddings, classify, score, rerank). The "
+        "engine core runs in a child process.",
     )
     s = p.add_argument_group("server")
     s.add_argument(
