@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -124,12 +124,7 @@ def parse_kernel_config(value: str | Mapping[str, Any] | KernelConfig | None) ->
         return KernelConfig()
     if isinstance(value, KernelConfig):
         return value
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value.strip() else {}
-        except json.JSONDecodeError as e:
-            raise ValueError(f"kernel_config: not valid JSON ({e}).") from None
-    return KernelConfig.from_dict(value)  # type: ignore[arg-type]
+    return KernelConfig.from_dict(parse_json_object(value, "kernel_config") or {})
 
 
 def parse_json_object(value: str | Mapping[str, Any] | None, field: str) -> dict[str, Any] | None:
@@ -146,18 +141,20 @@ def parse_json_object(value: str | Mapping[str, Any] | None, field: str) -> dict
     return dict(value)
 
 
-def _cli_json_object(text: str) -> dict[str, Any] | None:
-    try:
-        return parse_json_object(text, "hf_overrides")
-    except ValueError as e:  # argparse prints it with the flag's name and exits 2
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _cli_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type from a parser: its ValueError is printed with the flag's name (exit 2)."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return convert
 
 
-def _cli_kernel_config(text: str) -> KernelConfig:
-    try:
-        return parse_kernel_config(text)
-    except ValueError as e:  # argparse prints it with the flag's name and exits 2
-        raise argparse.ArgumentTypeError(str(e)) from None
+_cli_json_object = _cli_type(lambda text: parse_json_object(text, "hf_overrides"))
+_cli_kernel_config = _cli_type(parse_kernel_config)
 
 
 def parse_speculative_config(
@@ -179,11 +176,7 @@ def parse_speculative_config(
     return SpeculativeConfig.from_dict(value)
 
 
-def _cli_speculative_config(text: str) -> SpeculativeConfig | None:
-    try:
-        return parse_speculative_config(text)
-    except ValueError as e:  # argparse prints it with the flag's name and exits 2
-        raise argparse.ArgumentTypeError(str(e)) from None
+_cli_speculative_config = _cli_type(parse_speculative_config)
 
 
 @dataclass

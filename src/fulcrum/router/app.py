@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import hmac
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -77,33 +77,16 @@ def build_app(
             return error_response(400, "the request body must be a JSON object")
         return await forwarder.forward(path, raw, body, request.headers)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await proxied(request, "/v1/chat/completions")
+    def forward_route(path: str) -> Callable[[Request], Awaitable[Response]]:
+        async def route(request: Request) -> Response:
+            return await proxied(request, path)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await proxied(request, "/v1/completions")
+        return route
 
-    @app.post("/v1/responses")
-    async def responses(request: Request) -> Response:
-        return await proxied(request, "/v1/responses")
-
-    @app.post("/v1/embeddings")
-    async def embeddings(request: Request) -> Response:
-        return await proxied(request, "/v1/embeddings")
-
-    @app.post("/classify")
-    async def classify(request: Request) -> Response:
-        return await proxied(request, "/classify")
-
-    @app.post("/v1/score")
-    async def score(request: Request) -> Response:
-        return await proxied(request, "/v1/score")
-
-    @app.post("/v1/rerank")
-    async def rerank(request: Request) -> Response:
-        return await proxied(request, "/v1/rerank")
+    # every request the workers answer; each forwarded as it came
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings",
+                 "/classify", "/v1/score", "/v1/rerank"):  # fmt: skip
+        app.add_api_route(path, forward_route(path), methods=["POST"], name=path)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
