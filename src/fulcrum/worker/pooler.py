@@ -46,11 +46,13 @@ class Pooler:
                     part = part + self._partial.pop(st.req_id)
                 self._partial[st.req_id] = part
             elif kind == "cls" and s == 0:
-                self._partial[st.req_id] = rows[0].float()
+                self._partial[st.req_id] = rows[0].to(torch.float32, copy=True)
             if end < prompt:
                 continue
             if kind == "last":
-                vec = rows[-1].float()
+                # a copy: the hidden states may be a graph's static output, which the next
+                # step overwrites before this one is collected
+                vec = rows[-1].to(torch.float32, copy=True)
             elif kind == "mean":
                 vec = self._partial.pop(st.req_id) / prompt
             else:
