@@ -32,7 +32,8 @@
     fp8w      FP8 weights (dummy, one scale per row) and an FP8 KV cache, as ``gpu_h200.py
               --phase fp8w`` (its max_num_seqs of 512 unless --max-num-seqs)
     fp8wbytes  fp8w with one row's FP8 GEMV widening byte by byte (gemv.fp8_words off)
-    fp8wfq    fp8w with the norm and SiLU kernels quantizing the GEMMs' rows (fuse_fp8_quant on)
+    fp8wnofq  fp8w with a separate per-token quantization before each FP8 GEMM (fuse_fp8_quant
+              off; on by default: the norm and SiLU kernels write the GEMMs' FP8 rows)
     int4[swap][dense<N>]  INT4 weights (GPTQ g128, dummy) + FP8 KV cache; ``swap``: the W4A16
               GEMM with swapped operands, ``dense<N>``: from N rows dequantize + cuBLAS
               (kernel_config.int_gemm)
@@ -72,7 +73,7 @@ VARIANT_KERNEL_CONFIG: dict[str, dict] = {
     "noargmax": {"argmax_kernel": False},
     "nopdl": {"pdl": {"enabled": False}},
     "fp8wbytes": {"gemv": {"fp8_words": False}},
-    "fp8wfq": {"fuse_fp8_quant": True},
+    "fp8wnofq": {"fuse_fp8_quant": False},
 }
 
 
