@@ -15,8 +15,9 @@ TEXTS = ["The capital of France is", "def fib(n):\n    return"]
 
 @pytest.fixture(scope="module")
 def pooling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # a small KV pool: this server runs beside the session's shared one
     s = start_server(str(tmp_path_factory.mktemp("embed")), "--api-key", API_KEY,
-                     "--max-model-len", "64", "--runner", "pooling")  # fmt: skip
+                     "--max-model-len", "64", "--runner", "pooling", "--kv-cache-memory", "0.05")  # fmt: skip
     yield s
     stop_server(s)
 
@@ -125,7 +126,8 @@ def classifier_server(tmp_path_factory: pytest.TempPathFactory, smollm_dir) -> I
     tok = AutoTokenizer.from_pretrained(smollm_dir)
     path = make_tiny_classifier(str(tmp / "model"), 1, vocab=len(tok))
     tok.save_pretrained(path)
-    s = start_server(str(tmp), "--api-key", API_KEY, "--model", path, "--served-model-name", "rr")
+    s = start_server(str(tmp), "--api-key", API_KEY, "--model", path, "--served-model-name", "rr",
+                     "--kv-cache-memory", "0.05")  # fmt: skip
     yield s, path
     stop_server(s)
 
