@@ -548,8 +548,8 @@ class KernelConfig:
         True,
         "FP8 layers' GEMM steps take their input rows quantized by the kernel before them: the "
         "RMSNorm (with its residual add) and SiLU-and-mul write e4m3 rows and their scales "
-        "instead of bf16 rows that a separate per-token quantization reads again (BENCHMARKS "
-        "§2: 1,000 / 1,000 in FP8 2-3% faster).",
+        "instead of bf16 rows that a separate per-token quantization reads again (the faster "
+        "of the two in BENCHMARKS §2).",
     )
     cpu_packed_linear: bool = _knob(
         True,
