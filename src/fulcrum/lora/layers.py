@@ -59,14 +59,16 @@ class LoRALinear(nn.Module, Configured):
         super().__init__()
         self.base = base
         self.ctx = ctx
-        # slot -> [(output offset, size, A [r, in], B [size, r], scaling)]
+        # while installing: slot -> [(output offset, size, A [r, in], B [size, r], scaling)]
         self.updates: dict[int, list[tuple[int, int, torch.Tensor, torch.Tensor, float]]] = {}
         self.a_stack: torch.Tensor | None = None  # [slots + 1, R, in], slot 0 zeros
         self.b_stack: torch.Tensor | None = None  # [slots + 1, out, R], scaling folded in
+        self.targeted: frozenset[int] = frozenset()  # the slots that change this layer
 
     def stack(self, num_slots: int) -> None:
-        """The graph path's weights: each slot's updates side by side along the rank (a fused
-        projection's shards each fill their own rows of the output), zeros elsewhere."""
+        """Both paths' weights: each slot's updates side by side along the rank (a fused
+        projection's shards each fill their own rows of the output), zeros elsewhere; the
+        per-module updates are dropped once stacked."""
         a0 = next(iter(self.updates.values()))[0][2]
         n_in, n_out = a0.shape[1], self.base.out_features
         rank = max(sum(u[2].shape[0] for u in ups) for ups in self.updates.values())
@@ -80,11 +82,12 @@ class LoRALinear(nn.Module, Configured):
                 b_stack[slot, offset : offset + size, col : col + r] = b * scaling
                 col += r
         self.a_stack, self.b_stack = a_stack, b_stack
+        self.targeted, self.updates = frozenset(self.updates), {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
+        assert self.a_stack is not None and self.b_stack is not None
         if self.ctx.graph_mode:
-            assert self.a_stack is not None and self.b_stack is not None
             x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
             slots = self.ctx.slots[: x2.shape[0]]
             if use_triton(x2, self.kernel_config):
@@ -96,13 +99,10 @@ class LoRALinear(nn.Module, Configured):
             return y
         x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
         for slot, rows in self.ctx.groups:
-            updates = self.updates.get(slot)
-            if not updates:
+            if slot not in self.targeted:
                 continue
-            xs = x2.index_select(0, rows)
-            for offset, size, a, b, scaling in updates:
-                delta = (xs @ a.t()) @ b.t() * scaling
-                y2.narrow(1, offset, size).index_add_(0, rows, delta.to(y2.dtype))
+            delta = (x2.index_select(0, rows) @ self.a_stack[slot].t()) @ self.b_stack[slot].t()
+            y2.index_add_(0, rows, delta.to(y2.dtype))
         return y
 
 

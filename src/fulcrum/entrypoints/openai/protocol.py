@@ -49,10 +49,8 @@ StopString = Annotated[str, Field(max_length=MAX_STOP_LEN)]
 Stop = StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None
 
 
-class SamplingRequest(OpenAIBaseModel):
-    """Fields shared by chat and completions requests (OpenAI's plus vLLM's extras).
-
-    OpenAI types most optional fields as "value or null", and client wrappers send ``null`` for
+class NullIsDefault(OpenAIBaseModel):
+    """OpenAI types most optional fields as "value or null", and client wrappers send ``null`` for
     what the caller left unset: an explicit ``null`` on a field with a default means that
     default. Required fields keep their ``null``, which then fails validation by name."""
 
@@ -67,6 +65,10 @@ class SamplingRequest(OpenAIBaseModel):
             if key in data and data[key] is None and f.default not in (None, PydanticUndefined):
                 drop.add(key)
         return {k: v for k, v in data.items() if k not in drop} if drop else data
+
+
+class SamplingRequest(NullIsDefault):
+    """Fields shared by chat and completions requests (OpenAI's plus vLLM's extras)."""
 
     model: str | None = Field(None, description="Served model name (see GET /v1/models).")
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -215,7 +217,7 @@ class CompletionRequest(SamplingRequest):
     )
 
 
-class PoolingRequest(OpenAIBaseModel):
+class PoolingRequest(NullIsDefault):
     """Fields every runner-pooling request shares (vLLM's extensions)."""
 
     model: str | None = None
@@ -224,14 +226,6 @@ class PoolingRequest(OpenAIBaseModel):
         None, ge=-1, description="Keep only the last k tokens of each input (-1: as many as fit)."
     )
     priority: int = Field(0, ge=INT64_MIN, le=INT64_MAX)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_default(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            required = {n for n, f in cls.model_fields.items() if f.is_required()}
-            return {k: v for k, v in data.items() if v is not None or k in required}
-        return data
 
 
 class ClassificationRequest(PoolingRequest):
