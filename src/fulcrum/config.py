@@ -201,9 +201,15 @@ DISTRIBUTED_BACKENDS = ("auto", "nccl", "gloo")
 @dataclass(frozen=True)
 class LoRAConfig:
     """LoRA adapters served beside the base model (PEFT checkpoints), each by name; a request
-    names one (or none: the base model). Adapter ``i`` is slot ``i + 1``; slot 0 is the base."""
+    names one (or none: the base model). The device holds ``num_slots`` adapters at once, each
+    up to ``max_lora_rank``; adapter ``i`` of ``adapters`` starts in slot ``i + 1`` (slot 0 is
+    the base model). With ``runtime_updates``, adapters are loaded into free slots and unloaded
+    while serving (``/v1/load_lora_adapter``, ``LLM.load_lora_adapter``)."""
 
-    adapters: tuple[tuple[str, str], ...] = ()  # (name, adapter directory)
+    adapters: tuple[tuple[str, str], ...] = ()  # (name, adapter directory), loaded at start
+    max_loras: int = 0  # adapter slots; 0: one per startup adapter (at least one for updates)
+    max_lora_rank: int = 0  # 0: the largest startup adapter's rank (at least 16 for updates)
+    runtime_updates: bool = False  # adapters may be loaded and unloaded while serving
 
     def __post_init__(self) -> None:
         names = [n for n, _ in self.adapters]
@@ -213,14 +219,27 @@ class LoRAConfig:
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"lora_modules: adapter name {sorted(dup)[0]!r} is given twice.")
+        if self.max_loras < 0 or self.max_lora_rank < 0:
+            field = "max_loras" if self.max_loras < 0 else "max_lora_rank"
+            raise ValueError(f"{field} must be >= 0 (0: the default), got {getattr(self, field)}.")
+        if self.max_loras and self.max_loras < len(names):
+            raise ValueError(f"max_loras: {self.max_loras} slots cannot hold the {len(names)} lora_modules adapters.")
 
-    def slot(self, name: str) -> int:
-        """The adapter's slot (1-based); ValueError naming the served adapters if unknown."""
-        for i, (n, _) in enumerate(self.adapters):
-            if n == name:
-                return i + 1
-        served = ", ".join(n for n, _ in self.adapters) or "none"
-        raise ValueError(f"lora: no adapter named {name!r} (served: {served}).")
+    @property
+    def enabled(self) -> bool:
+        """Whether the model's projections take adapters at all."""
+        return bool(self.adapters) or self.runtime_updates
+
+    @property
+    def num_slots(self) -> int:
+        return max(self.max_loras, len(self.adapters), int(self.runtime_updates))
+
+    def rank_cap(self, startup_ranks: list[int]) -> int:
+        """The rank each slot holds: ``max_lora_rank``, else the startup adapters' largest (and
+        at least 16 when adapters may be loaded later, as vLLM's default)."""
+        if self.max_lora_rank:
+            return self.max_lora_rank
+        return max([*startup_ranks, 16 if self.runtime_updates else 1])
 
 
 @dataclass(frozen=True)

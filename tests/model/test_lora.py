@@ -119,3 +119,45 @@ def test_bad_adapters_and_names(case, tmp_path) -> None:
     llm = LLM(base, device="cpu", dtype="float32", lora_modules={"qv": dirs["qv"]})
     with pytest.raises(ValueError, match="lora: no adapter named 'nope' \\(served: qv\\)"):
         llm.generate(prompts[:1], SamplingParams(max_tokens=2), use_tqdm=False, lora="nope")
+
+
+def test_adapters_loaded_and_unloaded_while_serving(case) -> None:
+    """``allow_runtime_lora_updates``: an adapter loaded into a free slot gives PEFT's tokens; an
+    unloaded one finishes the request already running it, keeps its slot until then, and takes
+    new requests no more; a name loaded again with other weights never reads the KV cached under
+    the old ones; bad loads are refused naming the field."""
+    base, prompts, dirs, ref = case
+    llm = LLM(base, device="cpu", dtype="float32", block_size=4, max_loras=1,
+              allow_runtime_lora_updates=True)  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    assert toks(llm.generate(prompts, params, use_tqdm=False)) == ref[None]  # every layer wrapped
+    llm.load_lora_adapter("x", dirs["all"])
+    assert toks(llm.generate(prompts, params, use_tqdm=False, lora="x")) == ref["all"]
+    with pytest.raises(ValueError, match="lora_name: an adapter named 'x' is loaded already"):
+        llm.load_lora_adapter("x", dirs["qv"])
+    with pytest.raises(ValueError, match="max_loras: all 1 adapter slots are in use"):
+        llm.load_lora_adapter("y", dirs["qv"])
+    # unloaded while a request runs it: that request finishes with it, its slot stays taken
+    rid = llm._add({"prompt_token_ids": prompts[0]}, params, lora="x")
+    llm.processor.process_outputs(llm.core.step().outputs)
+    llm.unload_lora_adapter("x")
+    with pytest.raises(ValueError, match="max_loras: all 1 adapter slots are in use"):
+        llm.load_lora_adapter("y", dirs["qv"])
+    assert toks(llm._run([rid], False, "")) == ref["all"][:1]
+    with pytest.raises(ValueError, match="lora: no adapter named 'x' \\(served: none\\)"):
+        llm.generate(prompts[:1], params, use_tqdm=False, lora="x")
+    with pytest.raises(LookupError, match="lora_name: no adapter named 'x' is loaded"):
+        llm.unload_lora_adapter("x")
+    # the same name, other weights: the prompts' blocks cached under the first "x" serve none
+    llm.load_lora_adapter("x", dirs["qv"])
+    assert toks(llm.generate(prompts, params, use_tqdm=False, lora="x")) == ref["qv"]
+    llm.unload_lora_adapter("x")
+    with pytest.raises(ValueError, match="lora_path: .* is not a PEFT adapter directory"):
+        llm.load_lora_adapter("z", base)
+    small = LLM(base, device="cpu", dtype="float32", max_lora_rank=2,
+                allow_runtime_lora_updates=True)  # fmt: skip
+    with pytest.raises(ValueError, match="max_lora_rank: adapter 'z' has rank 4; .* rank 2"):
+        small.load_lora_adapter("z", dirs["qv"])
+    fixed = LLM(base, device="cpu", dtype="float32", lora_modules={"qv": dirs["qv"]})
+    with pytest.raises(ValueError, match="lora: adapters are fixed at start"):
+        fixed.load_lora_adapter("z", dirs["all"])

@@ -90,7 +90,17 @@ _HELP = {
     "collective, before the engine fails naming the rank.",
     "lora_modules": "LoRA adapters to serve beside the base model, each NAME=PATH (a PEFT "
     "adapter directory: adapter_config.json and adapter_model.safetensors); a request selects "
-    "one by its model name. Steps with an adapter's rows run without CUDA graphs.",
+    "one by its model name. Decode steps with adapter rows replay their own CUDA graphs; "
+    "prefill steps with adapter rows run eagerly.",
+    "max_loras": "LoRA adapters the device holds at once (slots, each served at full speed in "
+    "any mix); 0: one per --lora-modules adapter, and one if there are none and runtime "
+    "updates are on.",
+    "max_lora_rank": "The largest LoRA rank a slot holds (the slots' memory grows with it); 0: "
+    "the largest --lora-modules adapter's rank, and at least 16 with runtime updates.",
+    "allow_runtime_lora_updates": "Let adapters be loaded into free slots and unloaded while "
+    "serving (POST /v1/load_lora_adapter and /v1/unload_lora_adapter, LLM.load_lora_adapter): "
+    "whoever reaches the server can then make it read adapter directories from its disk. "
+    "Every projection of every layer then takes adapters.",
     "hf_overrides": "config.json fields to replace, as JSON, e.g. '{\"max_position_embeddings\": "
     "65536}' or, for a reranker kept as a causal LM (Qwen3-Reranker), '{\"architectures\": "
     "[\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": [\"no\", \"yes\"]}' "
@@ -211,6 +221,9 @@ class EngineArgs:
     worker_timeout: float = 120.0
     # name -> PEFT adapter directory, or "name=path" strings (the CLI's form); None: no LoRA
     lora_modules: Mapping[str, str] | list[str] | None = None
+    max_loras: int = 0
+    max_lora_rank: int = 0
+    allow_runtime_lora_updates: bool = False
     # config.json fields to replace (a dict, or JSON from the CLI); None: the file as it is
     hf_overrides: dict[str, Any] | str | None = None
     runner: str = "auto"
@@ -347,13 +360,18 @@ class EngineArgs:
                 f"tensor_parallel_size={parallel_config.tensor_parallel_size} yet; use ngram or "
                 "suffix, or one rank."
             )
-        lora_config = parse_lora_modules(self.lora_modules)
-        if lora_config.adapters and parallel_config.tensor_parallel_size > 1:
+        lora_config = dataclasses.replace(
+            parse_lora_modules(self.lora_modules),
+            max_loras=self.max_loras,
+            max_lora_rank=self.max_lora_rank,
+            runtime_updates=self.allow_runtime_lora_updates,
+        )
+        if lora_config.enabled and parallel_config.tensor_parallel_size > 1:
             raise ValueError(
                 "lora_modules: LoRA adapters are not supported with tensor_parallel_size="
                 f"{parallel_config.tensor_parallel_size} yet."
             )
-        if lora_config.adapters and draft_model_config is not None:
+        if lora_config.enabled and draft_model_config is not None:
             raise ValueError(
                 'lora_modules: LoRA adapters are not supported with speculative_config.method '
                 '"draft_model" (the draft has no adapters); ngram and suffix work.'

@@ -24,10 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fulcrum.engine.core_client import (
+    CallResult,
+    CoreCall,
     CoreClient,
     CoreDead,
     CoreFactory,
     CoreUnreachableError,
+    LoRAAdapters,
     RequestError,
 )
 from fulcrum.engine.output_processor import OutputProcessor
@@ -106,6 +109,11 @@ class AsyncEngine:
         self.dead: str | None = None
         self._states: dict[str, _RequestState] = {}
         self._task: asyncio.Task[None] | None = None
+        # the LoRA adapters served (name -> directory), kept current by the core's updates; the
+        # server shares this dict with its options
+        self.lora_adapters: dict[str, str] = {}
+        self._calls: dict[int, asyncio.Future[CallResult]] = {}
+        self._next_call = 0
         index = getattr(client, "index", 0)
         self._trace = StepTrace.from_env(f"api{index}" if index else "api")
 
@@ -305,6 +313,28 @@ class AsyncEngine:
         if ids and self.dead is None:
             self.client.abort_requests(ids)
 
+    async def call_core(self, method: str, *args: str, timeout: float = 600.0) -> None:
+        """Run one of the core's ``CORE_CALLS`` between its steps. Raises ValueError (a bad
+        argument, naming the field), LookupError (nothing of that name), RuntimeError (it
+        failed) or EngineDeadError."""
+        if self.dead is not None:
+            raise EngineDeadError(f"engine core died: {self.dead}")
+        self._next_call += 1
+        call_id = self._next_call
+        fut: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = fut
+        try:
+            try:
+                self.client.call(CoreCall(call_id, method, list(args)))
+            except CoreUnreachableError as e:
+                raise EngineDeadError(str(e)) from None
+            res = await asyncio.wait_for(fut, timeout)
+        finally:
+            self._calls.pop(call_id, None)
+        if res.error is not None:
+            kind = {"value": ValueError, "not_found": LookupError}.get(res.kind, RuntimeError)
+            raise kind(res.error)
+
     # ------------------------------------------------------------------ output handler
     async def _output_loop(self) -> None:
         try:
@@ -317,6 +347,15 @@ class AsyncEngine:
                     return
                 if isinstance(msg, RequestError):
                     self._fail_request(msg)
+                    continue
+                if isinstance(msg, CallResult):
+                    fut = self._calls.get(msg.call_id)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                    continue
+                if isinstance(msg, LoRAAdapters):  # in place: the server's options share it
+                    self.lora_adapters.clear()
+                    self.lora_adapters.update(msg.adapters)
                     continue
                 self._handle_outputs(msg)
         except asyncio.CancelledError:
@@ -405,6 +444,9 @@ class AsyncEngine:
             st.queue.put_nowait(kind(err.message))
 
     def _fail_all(self, exc: BaseException) -> None:
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(exc)
         states, self._states = self._states, {}
         for st in states.values():
             st.queue.put_nowait(exc)

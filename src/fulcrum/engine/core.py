@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent import futures
 
 from fulcrum.config import EngineConfig
 from fulcrum.kv_cache.sliding_window import kv_free_window, layer_windows
+from fulcrum.lora.adapter import load_adapter
+from fulcrum.lora.registry import LoRARegistry
 from fulcrum.model.loader.hf_config import generation_eos_token_ids
 from fulcrum.protocol import (
     EngineCoreOutput,
@@ -88,10 +91,11 @@ class EngineCore:
         eos = eos_token_ids(config)
         pooler = config.model_config.pooler_config
         self.structured = _structured_manager(config, eos)
+        self.loras = LoRARegistry(config.lora_config)
         self.scheduler = Scheduler(
             sc, config.cache_config, num_blocks, config.model_config.vocab_size, eos,
             self.structured, config.speculative_config, kv_window=engine_kv_window(config),
-            lora_config=config.lora_config,
+            loras=self.loras,
             whole_prompt=pooler is not None and pooler.whole_prompt,
         )
         logger.info(
@@ -118,6 +122,39 @@ class EngineCore:
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort_requests(request_ids)
+
+    def add_lora(self, name: str, path: str) -> None:
+        """Load the PEFT adapter at ``path`` into a free slot under ``name`` (``runtime_updates``
+        only); ValueError naming the field for anything that cannot be served."""
+        self._check_lora_updates()
+        name = name.strip() if isinstance(name, str) else name
+        if not name or not isinstance(name, str) or "=" in name:
+            raise ValueError(f"lora_name: {name!r} must be a non-empty name without '='.")
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            raise ValueError(f"lora_path: {path} is not a PEFT adapter directory (no "
+                             "adapter_config.json).")  # fmt: skip
+        slot = self.loras.free_slot(name, self.scheduler.holds_lora_slot)
+        slots = self.runner.lora_slots
+        assert slots is not None
+        slots.load(slot, load_adapter(name, path))
+        self.loras.assign(slot, name, os.path.abspath(path))
+        logger.info("LoRA adapter %r loaded into slot %d from %s", name, slot, path)
+
+    def remove_lora(self, name: str) -> None:
+        """Stop serving the adapter ``name``: new requests naming it fail; those already running
+        finish with it, and its slot is reused after them."""
+        self._check_lora_updates()
+        if name not in self.loras.adapters():
+            served = ", ".join(self.loras.adapters()) or "none"
+            raise LookupError(f"lora_name: no adapter named {name!r} is loaded (served: {served}).")
+        slot = self.loras.remove(name)
+        logger.info("LoRA adapter %r unloaded (slot %d)", name, slot)
+
+    def _check_lora_updates(self) -> None:
+        if not self.config.lora_config.runtime_updates:
+            raise ValueError("lora: adapters are fixed at start here; start the engine with "
+                             "allow_runtime_lora_updates (--allow-runtime-lora-updates) to "
+                             "load and unload them while serving.")  # fmt: skip
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None

@@ -40,9 +40,13 @@ from fulcrum.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStat
 logger = logging.getLogger(__name__)
 
 # Frontend → core.
-ADD, ABORT, STATS, SHUTDOWN = b"A", b"X", b"S", b"Q"
+ADD, ABORT, STATS, SHUTDOWN, CALL = b"A", b"X", b"S", b"Q", b"C"
 # Core → frontend.
-READY, OUTPUTS, REQUEST_ERROR, DEAD = b"R", b"O", b"E", b"D"
+READY, OUTPUTS, REQUEST_ERROR, DEAD, CALL_RESULT, ADAPTERS = b"R", b"O", b"E", b"D", b"c", b"L"
+
+# The core's methods a frontend may call between steps (``CoreCall``), each taking strings;
+# what they change of the served adapters is pushed to every frontend (``LoRAAdapters``).
+CORE_CALLS = ("add_lora", "remove_lora")
 
 _IDLE_POLL_MS = 500
 
@@ -64,13 +68,37 @@ class RequestError(msgspec.Struct):
     is_value_error: bool = True
 
 
+class CoreCall(msgspec.Struct):
+    """A frontend's call of one of ``CORE_CALLS``, answered by a ``CallResult``."""
+
+    call_id: int
+    method: str
+    args: list[str]
+    client_index: int = 0
+
+
+class CallResult(msgspec.Struct):
+    """``error`` None: done. ``kind``: value (a bad argument, the message names the field),
+    not_found (nothing of that name) or internal."""
+
+    call_id: int
+    error: str | None = None
+    kind: str = "value"
+
+
+class LoRAAdapters(msgspec.Struct):
+    """The adapters the core serves now (name -> directory), after a call changed them."""
+
+    adapters: dict[str, str]
+
+
 class CoreDead(msgspec.Struct):
     """The core failed and its process is exiting."""
 
     message: str
 
 
-CoreMessage = EngineCoreOutputs | RequestError | CoreDead
+CoreMessage = EngineCoreOutputs | RequestError | CoreDead | CallResult | LoRAAdapters
 
 
 class CoreUnreachableError(RuntimeError):
@@ -155,6 +183,7 @@ class _CoreLoop:
         self.enc = msgspec.msgpack.Encoder()
         self.req_dec = msgspec.msgpack.Decoder(EngineCoreRequest)
         self.ids_dec = msgspec.msgpack.Decoder(list[str])
+        self.call_dec = msgspec.msgpack.Decoder(CoreCall)
         self.running = True
         self.need_step = False  # an abort frees its blocks in the next step
         self.last_stats: list[SchedulerStats | None] = [None] * len(outs)
@@ -226,6 +255,30 @@ class _CoreLoop:
             self.last_stats = [None] * len(self.outs)  # force a push
         elif kind == SHUTDOWN:
             self.running = False
+        elif kind == CALL:
+            self._call(self.call_dec.decode(payload))
+
+    def _call(self, call: CoreCall) -> None:
+        client = call.client_index if call.client_index < len(self.outs) else 0
+        result = CallResult(call.call_id)
+        try:
+            if call.method not in CORE_CALLS or not hasattr(self.core, call.method):
+                raise ValueError(f"{call.method}: not something this engine core does.")
+            getattr(self.core, call.method)(*call.args)
+        except LookupError as e:
+            result = CallResult(call.call_id, str(e), "not_found")
+        except ValueError as e:
+            result = CallResult(call.call_id, str(e), "value")
+        except Exception as e:  # a failed call must not take the engine down
+            logger.exception("%s failed", call.method)
+            result = CallResult(call.call_id, f"{type(e).__name__}: {e}", "internal")
+        loras = getattr(self.core, "loras", None)
+        if result.error is None and loras is not None:
+            # every frontend first, so the caller's next request already sees the change
+            update = LoRAAdapters(loras.adapters())
+            for i in range(len(self.outs)):
+                self._send(ADAPTERS, update, i)
+        self._send(CALL_RESULT, result, client)
 
     def _push(self, outs: EngineCoreOutputs) -> None:
         if outs.stats is None:
@@ -349,6 +402,8 @@ class CoreClient:
         self._dec_outputs = msgspec.msgpack.Decoder(EngineCoreOutputs)
         self._dec_error = msgspec.msgpack.Decoder(RequestError)
         self._dec_dead = msgspec.msgpack.Decoder(CoreDead)
+        self._dec_result = msgspec.msgpack.Decoder(CallResult)
+        self._dec_adapters = msgspec.msgpack.Decoder(LoRAAdapters)
         self._proc: mp.process.BaseProcess | None = None
         self._closed = False
         self.ready: CoreReady | None = None
@@ -426,6 +481,12 @@ class CoreClient:
         if request_ids and not self._closed:
             self._send([ABORT, self._enc.encode(request_ids)], required=False)
 
+    def call(self, call: CoreCall) -> None:
+        """Send a call to the core (its ``CallResult`` comes through ``get_output``); raises
+        CoreUnreachableError when the core process is gone."""
+        call.client_index = self.index
+        self._send([CALL, self._enc.encode(call)], required=True)
+
     def request_stats(self) -> None:
         """Ask the core to push its current SchedulerStats (answered as an outputs message)."""
         if not self._closed:
@@ -442,6 +503,10 @@ class CoreClient:
                     return self._dec_error.decode(payload)
                 if kind == DEAD:
                     return self._dec_dead.decode(payload)
+                if kind == CALL_RESULT:
+                    return self._dec_result.decode(payload)
+                if kind == ADAPTERS:
+                    return self._dec_adapters.decode(payload)
                 logger.warning("unexpected message kind %r from the core", kind)
             elif not self.is_alive():
                 code = self._proc.exitcode if self._proc else None

@@ -310,3 +310,13 @@ class LLM:
         import msgspec
 
         return msgspec.structs.asdict(self.core.get_stats())
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter directory ``path`` as ``name`` from now on, in a free adapter
+        slot (``allow_runtime_lora_updates=True``, ``max_loras``); ValueError naming the field
+        otherwise."""
+        self.core.add_lora(name, path)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stop serving the adapter ``name``; LookupError if none is loaded by that name."""
+        self.core.remove_lora(name)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fulcrum.config import LoRAConfig
 from fulcrum.kernels.dispatch import Configured, use_triton
 from fulcrum.kernels.lora import lora_expand, lora_rows_torch, lora_shrink
 from fulcrum.lora.adapter import LoRAAdapter
@@ -37,8 +38,9 @@ class LoRAContext:
     buffer of the graph path (``graph_mode``: the forward runs inside a LoRA graph's capture or
     its CPU emulation)."""
 
-    def __init__(self, device: torch.device, max_rows: int) -> None:
+    def __init__(self, device: torch.device, max_rows: int, dtype: torch.dtype) -> None:
         self.device = device
+        self.dtype = dtype  # the adapters' weights
         self.groups: list[tuple[int, torch.Tensor]] = []
         self.graph_mode = False
         self.slots = torch.zeros(max_rows, dtype=torch.int32, device=device)
@@ -55,38 +57,41 @@ class LoRAContext:
 
 
 class LoRALinear(nn.Module, Configured):
-    def __init__(self, base: nn.Module, ctx: LoRAContext) -> None:
+    """A targeted projection with every slot's adapter weights stacked beside it.
+
+    The rank axis has one block of ``rank_cap`` columns per checkpoint module fused into this
+    projection (``qkv_proj``: q, k, v), so any adapter's module lands at a fixed place and a
+    slot can be rewritten in place while serving: the tensors the CUDA graphs read never move.
+    A module an adapter does not change keeps zeros."""
+
+    def __init__(
+        self, base: nn.Module, ctx: LoRAContext, num_slots: int, rank_cap: int, shards: int
+    ) -> None:
         super().__init__()
         self.base = base
         self.ctx = ctx
-        # while installing: slot -> [(output offset, size, A [r, in], B [size, r], scaling)]
-        self.updates: dict[int, list[tuple[int, int, torch.Tensor, torch.Tensor, float]]] = {}
-        self.a_stack: torch.Tensor | None = None  # [slots + 1, R, in], slot 0 zeros
-        self.b_stack: torch.Tensor | None = None  # [slots + 1, out, R], scaling folded in
-        self.targeted: frozenset[int] = frozenset()  # the slots that change this layer
+        self.rank_cap = rank_cap
+        n_in, n_out, dev, dtype = base.in_features, base.out_features, ctx.device, ctx.dtype
+        self.a_stack = torch.zeros(num_slots + 1, shards * rank_cap, n_in, dtype=dtype, device=dev)
+        self.b_stack = torch.zeros(num_slots + 1, n_out, shards * rank_cap, dtype=dtype, device=dev)
+        self.targeted: set[int] = set()  # the slots that change this layer
 
-    def stack(self, num_slots: int) -> None:
-        """Both paths' weights: each slot's updates side by side along the rank (a fused
-        projection's shards each fill their own rows of the output), zeros elsewhere; the
-        per-module updates are dropped once stacked."""
-        a0 = next(iter(self.updates.values()))[0][2]
-        n_in, n_out = a0.shape[1], self.base.out_features
-        rank = max(sum(u[2].shape[0] for u in ups) for ups in self.updates.values())
-        a_stack = a0.new_zeros(num_slots + 1, rank, n_in)
-        b_stack = a0.new_zeros(num_slots + 1, n_out, rank)
-        for slot, ups in self.updates.items():
-            col = 0
-            for offset, size, a, b, scaling in ups:
-                r = a.shape[0]
-                a_stack[slot, col : col + r] = a
-                b_stack[slot, offset : offset + size, col : col + r] = b * scaling
-                col += r
-        self.a_stack, self.b_stack = a_stack, b_stack
-        self.targeted, self.updates = frozenset(self.updates), {}
+    def clear(self, slot: int) -> None:
+        self.a_stack[slot].zero_()
+        self.b_stack[slot].zero_()
+        self.targeted.discard(slot)
+
+    def put(self, slot: int, shard: int, offset: int, a: torch.Tensor, b: torch.Tensor,
+            scaling: float) -> None:  # fmt: skip
+        """One checkpoint module's update: ``A [r, in]`` and ``B [size, r]`` (scaling folded in)
+        onto output rows ``offset : offset + size``."""
+        r, col = a.shape[0], shard * self.rank_cap
+        self.a_stack[slot, col : col + r] = a
+        self.b_stack[slot, offset : offset + b.shape[0], col : col + r] = b * scaling
+        self.targeted.add(slot)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        assert self.a_stack is not None and self.b_stack is not None
         if self.ctx.graph_mode:
             x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
             slots = self.ctx.slots[: x2.shape[0]]
@@ -106,57 +111,86 @@ class LoRALinear(nn.Module, Configured):
         return y
 
 
-def install_adapters(
-    model: nn.Module,
-    adapters: list[LoRAAdapter],
-    device: torch.device,
-    dtype: torch.dtype,
-    max_rows: int,
-) -> LoRAContext:
-    """Wrap each linear layer an adapter targets (adapter ``i`` is slot ``i + 1``); the
-    weights move to ``device`` in ``dtype``. ``max_rows``: the most token rows a graph step
-    holds. Raises naming the adapter and module for a target the model does not have or a
-    shape it does not match."""
-    ctx = LoRAContext(device, max_rows)
-    fused = getattr(model, "_FUSED", {})
-    for slot, adapter in enumerate(adapters, start=1):
+# The projections a runtime-loaded adapter may change: fused names and their own.
+_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj",
+                "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # fmt: skip
+
+
+class LoRASlots:
+    """The model's LoRA layers and what each adapter slot holds; ``load`` and ``clear`` write
+    a slot in place (stream-ordered after any step already launched that reads it)."""
+
+    def __init__(self, model: nn.Module, config: LoRAConfig, startup: list[LoRAAdapter],
+                 device: torch.device, dtype: torch.dtype, max_rows: int) -> None:  # fmt: skip
+        self.model = model
+        self.ctx = LoRAContext(device, max_rows, dtype)
+        self.rank_cap = config.rank_cap([a.rank for a in startup])
+        self.num_slots = config.num_slots
+        self._fused: dict[str, tuple[str, int]] = getattr(model, "_FUSED", {})
+        if config.runtime_updates:  # any projection of any layer, for adapters not known yet
+            targets = {
+                n for n, m in model.named_modules()
+                if n.rsplit(".", 1)[-1] in _PROJECTIONS and hasattr(m, "in_features")
+            }  # fmt: skip
+        else:  # only what the startup adapters change
+            targets = {self._locate(a, module)[0] for a in startup for module in a.weights}
+        self.layers: dict[str, LoRALinear] = {}
+        for target in sorted(targets):
+            base = model.get_submodule(target)
+            frag = "." + target.rsplit(".", 1)[-1] + "."
+            shards = sum(1 for fused, _ in self._fused.values() if fused == frag) or 1
+            layer = LoRALinear(base, self.ctx, self.num_slots, self.rank_cap, shards)
+            layer.kernel_config = getattr(base, "kernel_config", layer.kernel_config)
+            parent, _, leaf = target.rpartition(".")
+            setattr(model.get_submodule(parent), leaf, layer)
+            self.layers[target] = layer
+        for slot, adapter in enumerate(startup, start=1):
+            self.load(slot, adapter)
+
+    def _locate(self, adapter: LoRAAdapter, module: str) -> tuple[str, int, tuple[int, int] | None]:
+        """``(target, shard, (offset, size) or None)`` of a checkpoint module; ValueError
+        naming the adapter and module where it is no projection of this model."""
+        if any(part in module.split(".") for part in _REFUSED):
+            raise ValueError(f"lora_modules: adapter {adapter.name!r} changes {module}; "
+                             "only the attention and MLP projections take LoRA here.")  # fmt: skip
+        for frag, (fused, shard) in self._fused.items():
+            if frag in module + ".":
+                target = (module + ".").replace(frag, fused).rstrip(".")
+                return target, shard, self.model._shard_offsets(fused, shard)
+        return module, 0, None
+
+    def load(self, slot: int, adapter: LoRAAdapter) -> None:
+        """Write ``adapter`` into ``slot``; every module is checked before the slot changes.
+        ValueError naming the adapter and the module (or ``max_lora_rank``) otherwise."""
+        if adapter.rank > self.rank_cap:
+            raise ValueError(f"max_lora_rank: adapter {adapter.name!r} has rank {adapter.rank}; "
+                             f"the adapter slots hold rank {self.rank_cap} at most.")  # fmt: skip
+        plan = []
         for module, (a, b) in adapter.weights.items():
-            if any(part in module.split(".") for part in _REFUSED):
-                raise ValueError(f"lora_modules: adapter {adapter.name!r} changes {module}; "
-                                 "only the attention and MLP projections take LoRA here.")  # fmt: skip
-            target, offset = module, None
-            for frag, (fused_frag, shard) in fused.items():
-                if frag in module + ".":
-                    target = (module + ".").replace(frag, fused_frag).rstrip(".")
-                    offset = model._shard_offsets(fused_frag, shard)
-                    break
-            try:
-                layer = model.get_submodule(target)
-            except AttributeError:
-                raise ValueError(f"lora_modules: adapter {adapter.name!r} targets {module}, "
-                                 "which this model does not have.") from None  # fmt: skip
-            wrapper = layer if isinstance(layer, LoRALinear) else None
-            base = wrapper.base if wrapper is not None else layer
-            n_in, n_out = getattr(base, "in_features", None), getattr(base, "out_features", None)
-            if n_in is None or n_out is None:
-                raise ValueError(f"lora_modules: adapter {adapter.name!r} targets {module}, "
-                                 "which is not a linear layer.")  # fmt: skip
-            off, size = offset if offset is not None else (0, n_out)
+            target, shard, offset = self._locate(adapter, module)
+            layer = self.layers.get(target)
+            if layer is None:
+                try:
+                    self.model.get_submodule(target)
+                    what = "which takes no LoRA here"
+                except AttributeError:
+                    what = "which this model does not have"
+                raise ValueError(f"lora_modules: adapter {adapter.name!r} targets {module}, {what}.")
+            off, size = offset if offset is not None else (0, layer.base.out_features)
+            n_in = layer.base.in_features
             if tuple(a.shape) != (adapter.rank, n_in) or tuple(b.shape) != (size, adapter.rank):
                 raise ValueError(
                     f"lora_modules: adapter {adapter.name!r}, {module}: A {tuple(a.shape)} and "
                     f"B {tuple(b.shape)} do not fit a [{size}, {n_in}] projection at rank "
                     f"{adapter.rank}."
                 )
-            if wrapper is None:
-                wrapper = LoRALinear(base, ctx)
-                parent, _, leaf = target.rpartition(".")
-                setattr(model.get_submodule(parent), leaf, wrapper)
-            wrapper.updates.setdefault(slot, []).append(
-                (off, size, a.to(device, dtype), b.to(device, dtype), adapter.scaling)
-            )
-    for m in model.modules():
-        if isinstance(m, LoRALinear):
-            m.stack(len(adapters))
-            m.kernel_config = getattr(m.base, "kernel_config", m.kernel_config)
-    return ctx
+            plan.append((layer, shard, off, a, b))
+        self.clear(slot)
+        for layer, shard, off, a, b in plan:
+            dev = layer.a_stack
+            layer.put(slot, shard, off, a.to(dev.device, dev.dtype), b.to(dev.device, dev.dtype),
+                      adapter.scaling)  # fmt: skip
+
+    def clear(self, slot: int) -> None:
+        for layer in self.layers.values():
+            layer.clear(slot)

@@ -29,6 +29,7 @@ from collections.abc import Iterable
 
 from fulcrum.config import CacheConfig, LoRAConfig, SchedulerConfig, SpeculativeConfig
 from fulcrum.kv_cache.manager import KVCacheManager
+from fulcrum.lora.registry import LoRARegistry
 from fulcrum.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
 from fulcrum.request import Request, RequestStatus
 from fulcrum.scheduler.output import NewRequestData, SchedulerOutput
@@ -53,11 +54,11 @@ class Scheduler:
         structured: StructuredOutputManager | None = None,
         spec_config: SpeculativeConfig | None = None,
         kv_window: int | None = None,  # every layer's window: older KV blocks are released
-        lora_config: LoRAConfig = LoRAConfig(),
+        loras: LoRARegistry | None = None,  # the adapters served (None: none)
         whole_prompt: bool = False,  # every prompt position computed (mean/cls pooling)
     ) -> None:
         self.config = config
-        self.lora_config = lora_config
+        self.loras = loras if loras is not None else LoRARegistry(LoRAConfig())
         self.whole_prompt = whole_prompt
         self.structured = structured
         self.block_size = cache_config.block_size
@@ -114,8 +115,8 @@ class Scheduler:
                 )
         lora_slot, salt = 0, req.cache_salt
         if req.lora is not None:  # an adapter's KV differs from the base model's: its own cache
-            lora_slot = self.lora_config.slot(req.lora)
-            salt = f"{salt or ''}\x00lora:{req.lora}"
+            lora_slot = self.loras.slot(req.lora)
+            salt = f"{salt or ''}\x00{self.loras.cache_salt(req.lora)}"
         sp.all_stop_token_ids = sorted(self.eos_token_ids)
         grammar = None
         if sp.structured_outputs is not None:
@@ -134,6 +135,14 @@ class Scheduler:
             seqs[-1].grammar = grammar
         self.requests[req.request_id] = seqs
         self.waiting.extend(seqs)
+
+    def holds_lora_slot(self, slot: int) -> bool:
+        """Whether an unfinished request runs the adapter in ``slot``."""
+        return any(
+            s.lora_slot == slot and not s.status.finished
+            for seqs in self.requests.values()
+            for s in seqs
+        )
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """Abort whole requests by id, or one sequence of an n > 1 request as ``rid#index``."""

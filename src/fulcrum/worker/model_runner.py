@@ -40,7 +40,7 @@ from fulcrum.attention.selector import get_backend_cls
 from fulcrum.config import EngineConfig, KernelConfig
 from fulcrum.kernels.dispatch import use_triton
 from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
-from fulcrum.lora.layers import LoRAContext
+from fulcrum.lora.layers import LoRAContext, LoRASlots
 from fulcrum.model.layers.linear import Linear
 from fulcrum.model.layers.packed_cpu import pack_linear_weights
 from fulcrum.model.loader.weights import load_model
@@ -79,14 +79,17 @@ class ModelRunner:
         torch.manual_seed(mc.seed)
         self.model, self.load_time = load_model(mc, self.attn_backend, self.device, kc)
         self.lora: LoRAContext | None = None  # adapters' rows of the step (lora_modules)
-        if config.lora_config.adapters:
+        self.lora_slots: LoRASlots | None = None
+        if config.lora_config.enabled:
             from fulcrum.lora.adapter import load_adapter
-            from fulcrum.lora.layers import install_adapters
 
             adapters = [load_adapter(n, p) for n, p in config.lora_config.adapters]
             sc = config.scheduler_config
             rows = max(sc.max_num_seqs, sc.max_num_batched_tokens)
-            self.lora = install_adapters(self.model, adapters, self.device, self.dtype, rows)
+            self.lora_slots = LoRASlots(
+                self.model, config.lora_config, adapters, self.device, self.dtype, rows
+            )
+            self.lora = self.lora_slots.ctx
         if kc.cpu_packed_linear:
             spec = config.speculative_config is not None  # verify steps of 2 to k + 1 rows
             pack_linear_weights(self.model, Linear, spec)

@@ -14,7 +14,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from fulcrum import __version__
 from fulcrum.engine.async_engine import AsyncEngine, EngineDeadError
@@ -35,6 +35,7 @@ from fulcrum.entrypoints.openai.protocol import (
     EmbeddingRequest,
     EmbeddingResponse,
     ErrorResponse,
+    LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
     RerankRequest,
@@ -43,6 +44,7 @@ from fulcrum.entrypoints.openai.protocol import (
     ScoreResponse,
     TokenizeRequest,
     TokenizeResponse,
+    UnloadLoRAAdapterRequest,
 )
 from fulcrum.entrypoints.openai.request_log import RequestLog
 from fulcrum.entrypoints.openai.responses_protocol import ResponsesRequest
@@ -50,6 +52,7 @@ from fulcrum.entrypoints.openai.serving_base import ClientDisconnected, ServerSt
 from fulcrum.entrypoints.openai.serving_chat import ServingChat, messages_as_dicts
 from fulcrum.entrypoints.openai.serving_completions import ServingCompletions
 from fulcrum.entrypoints.openai.serving_embeddings import ServingPooling
+from fulcrum.entrypoints.openai.serving_lora import ServingLoRA
 from fulcrum.entrypoints.openai.serving_responses import ServingResponses
 
 logger = logging.getLogger(__name__)
@@ -71,6 +74,9 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
             state.request_log = RequestLog(state.options.log_requests_file)
         state.engine = await engine_factory(state.metrics)
         engine = state.engine
+        if hasattr(engine, "lora_adapters"):  # one dict, kept current by the engine core
+            engine.lora_adapters.update(state.options.lora_adapters)
+            state.options.lora_adapters = engine.lora_adapters
         state.metrics.in_flight_source = lambda: engine.num_in_flight
         logger.info("engine ready: max_model_len=%d", state.engine.max_model_len)
         # What start-up built (the app, the tokenizer's tables, imported modules) lives as long
@@ -91,6 +97,7 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     completions = ServingCompletions(state)
     responses = ServingResponses(chat)
     pooling = ServingPooling(state)
+    loras = ServingLoRA(state)
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(_: Request, __: ClientDisconnected) -> Response:
@@ -138,6 +145,17 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     @app.post("/v2/rerank", response_model=RerankResponse, responses=_ERRORS, include_in_schema=False)
     async def rerank(body: RerankRequest, raw: Request) -> Response:
         return await pooling.rerank(body, raw)
+
+    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)
+    async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> Response:
+        """Serve a PEFT adapter from the server's disk under a model name
+        (``--allow-runtime-lora-updates``)."""
+        return await loras.load(body)
+
+    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)
+    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> Response:
+        """Stop serving an adapter; requests already running it finish."""
+        return await loras.unload(body)
 
     def model_card(name: str) -> ModelCard:
         assert state.engine is not None

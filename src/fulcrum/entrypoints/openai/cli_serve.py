@@ -269,8 +269,8 @@ def run_serve(args: argparse.Namespace) -> int:
     options = serve_options(args, engine_args)
     _check_tls(args)
     if ray_cli.wanted(args):  # replicas on Ray Serve; each resolves the model on its own node
-        if options.lora_adapters:
-            raise SystemExit("--lora-modules: not supported with --ray yet.")
+        if options.lora_adapters or engine_args.allow_runtime_lora_updates:
+            raise SystemExit("--lora-modules: LoRA adapters are not supported with --ray yet.")
         return ray_cli.run_serve_ray(args, options, engine_args)
     # Resolve the model here so bad arguments fail with one line before the server starts.
     engine_config = engine_args.create_engine_config()

@@ -365,6 +365,19 @@ class DetokenizeResponse(OpenAIBaseModel):
     prompt: str
 
 
+class LoadLoRAAdapterRequest(OpenAIBaseModel):
+    """``POST /v1/load_lora_adapter`` (vLLM's shape): serve the PEFT adapter directory
+    ``lora_path`` on the server's disk as the model ``lora_name``."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(OpenAIBaseModel):
+    lora_name: str
+    lora_path: str | None = None  # accepted as vLLM's clients send it; the name decides
+
+
 # ----------------------------------------------------------------------------- responses
 
 
