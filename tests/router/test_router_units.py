@@ -287,6 +287,25 @@ def test_all_workers_fail_gives_last_upstream_error() -> None:
     assert "error" in r.json()
 
 
+def test_adapter_loads_reach_every_worker() -> None:
+    """/v1/load_lora_adapter and /v1/unload_lora_adapter go to every worker, not one; a worker's
+    failure comes back naming it and how many workers made the change."""
+    fake = FakeWorkers({"http://a:1": "ok", "http://b:1": "ok"})
+    body = {"lora_name": "x", "lora_path": "/adapters/x"}
+
+    async def calls(c, app):
+        ok = await c.post("/v1/load_lora_adapter", json=body, headers=AUTH)
+        fake.modes["http://b:1"] = "500"
+        bad = await c.post("/v1/unload_lora_adapter", json=body, headers=AUTH)
+        return ok, bad, await c.post("/v1/load_lora_adapter", json=body)
+
+    ok, bad, anonymous = _run({"workers": list(fake.modes), "api_key": KEY}, fake, calls)
+    assert ok.status_code == 200 and fake.hits == {"http://a:1": 2, "http://b:1": 2}
+    assert bad.status_code == 500
+    assert bad.json()["error"]["message"] == "worker http://b:1: boom (1 of 2 workers made the change)"
+    assert anonymous.status_code == 401
+
+
 def test_stream_pass_through_and_mid_stream_error_event() -> None:
     fake = FakeWorkers({"http://a:1": "break"})
 

@@ -37,6 +37,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "qwen3",  # only outputs that open with <think> are split: the others are untouched
         "--lora-modules",  # requests naming it run the adapter; the CPU runs eager anyway
         f"{ADAPTER}={make_adapter(tmp + '/adapter')}",
+        "--allow-runtime-lora-updates",  # one more slot for an adapter loaded by a test
+        "--max-loras",
+        "2",
     )
     yield s
     stop_server(s)

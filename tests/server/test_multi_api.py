@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
-from srv_helpers import MODEL, start_server, wait_idle
+from srv_helpers import MODEL, make_adapter, start_server, wait_idle
 
 
 def _children(pid: int) -> list[int]:
@@ -26,7 +26,8 @@ def _children(pid: int) -> list[int]:
 
 def test_two_api_processes_share_one_core(tmp_path) -> None:
     s = start_server(str(tmp_path), "--api-server-count", "2", "--max-model-len", "512",
-                     "--max-num-seqs", "8", "--kv-cache-memory", "0.25")
+                     "--max-num-seqs", "8", "--kv-cache-memory", "0.25",
+                     "--allow-runtime-lora-updates")  # fmt: skip
     try:
         kids = _children(s.proc.pid)
         assert len(kids) >= 3  # the engine core and two API processes
@@ -50,6 +51,17 @@ def test_two_api_processes_share_one_core(tmp_path) -> None:
         assert m["fulcrum:prefix_cache_hits_total"] > 0
         with open(s.log_file) as f:
             assert len(f.read().splitlines()) == 6  # both processes append to the one log
+        # an adapter loaded through one process is served by both (the core tells each)
+        path = make_adapter(str(tmp_path / "adapter"))
+        status, _, _ = s.request("POST", "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": path})
+        assert status == 200
+        lora = dict(kw, model="a")
+        with ThreadPoolExecutor(6) as pool:
+            listed = list(pool.map(lambda _: [m.id for m in client.models.list().data], range(6)))
+            answers = list(pool.map(lambda _: client.chat.completions.create(**lora), range(6)))
+        assert all("a" in ids for ids in listed)
+        assert len({a.choices[0].message.content for a in answers}) == 1
+        assert answers[0].choices[0].message.content != texts[0]
         s.proc.send_signal(signal.SIGTERM)
         assert s.proc.wait(60) == 0
         deadline = time.monotonic() + 10  # multiprocessing's resource tracker ends on its own

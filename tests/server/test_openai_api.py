@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from srv_helpers import ADAPTER, MAX_MODEL_LEN, MODEL, Server
+from srv_helpers import ADAPTER, MAX_MODEL_LEN, MODEL, Server, make_adapter
 
 MSG = [{"role": "user", "content": "Name three colors."}]
 
@@ -48,6 +48,38 @@ def test_lora_adapter_by_model_name(client: Any) -> None:
     comp = client.completions.create(model=ADAPTER, prompt="The sky is", max_tokens=5, temperature=0)
     plain = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=5, temperature=0)
     assert comp.choices[0].text != plain.choices[0].text
+
+
+def test_lora_adapter_loaded_and_unloaded_while_serving(server: Server, client: Any, tmp_path) -> None:
+    """``--allow-runtime-lora-updates``: POST /v1/load_lora_adapter serves a PEFT directory under
+    a new model name (listed by /v1/models, answering as the same weights do under the startup
+    name), /v1/unload_lora_adapter stops it (then 404s); bad loads are 400s naming the field."""
+    path = make_adapter(str(tmp_path / "same"))  # the startup adapter's weights again
+    kw: dict[str, Any] = dict(prompt="The sky is", max_tokens=6, temperature=0)
+    load = {"lora_name": "smol-lora-2", "lora_path": path}
+    status, body, _ = server.request("POST", "/v1/load_lora_adapter", load)
+    assert status == 200 and b"added successfully" in body
+    assert "smol-lora-2" in [m.id for m in client.models.list().data]
+    got = client.completions.create(model="smol-lora-2", **kw).choices[0].text
+    assert got == client.completions.create(model=ADAPTER, **kw).choices[0].text
+    assert got != client.completions.create(model=MODEL, **kw).choices[0].text
+    bad = [
+        ({"lora_name": "third", "lora_path": path}, "max_loras"),  # both slots hold adapters
+        ({"lora_name": "smol-lora-2", "lora_path": path}, "lora_name"),  # loaded already
+        ({"lora_name": MODEL, "lora_path": path}, "lora_name"),
+        ({"lora_name": "third", "lora_path": str(tmp_path)}, "lora_path"),
+        ({"lora_name": "third"}, "lora_path"),
+    ]
+    for req, param in bad:
+        status, err = server.json("POST", "/v1/load_lora_adapter", req)
+        assert status == 400 and err["error"]["param"] == param, (req, err)
+    status, body, _ = server.request("POST", "/v1/unload_lora_adapter", {"lora_name": "smol-lora-2"})
+    assert status == 200 and b"removed successfully" in body
+    assert "smol-lora-2" not in [m.id for m in client.models.list().data]
+    status, err = server.json("POST", "/v1/completions", {"model": "smol-lora-2", **kw})
+    assert status == 404 and err["error"]["code"] == "model_not_found"
+    status, err = server.json("POST", "/v1/unload_lora_adapter", {"lora_name": "smol-lora-2"})
+    assert status == 404 and err["error"]["param"] == "lora_name"
 
 
 def test_chat_stream_equals_nonstream_greedy(client: Any) -> None:

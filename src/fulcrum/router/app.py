@@ -88,6 +88,47 @@ def build_app(
                  "/classify", "/v1/score", "/v1/rerank"):  # fmt: skip
         app.add_api_route(path, forward_route(path), methods=["POST"], name=path)
 
+    async def to_every_worker(request: Request, path: str) -> Response:
+        """A change every worker must make (an adapter loaded or unloaded): sent to each
+        available worker at once; 200 if all answered 200, else the first failure's answer,
+        naming its worker (the others keep the change)."""
+        if (denied := unauthorized(request)) is not None:
+            return denied
+        raw = await request.body()
+        workers = [w for w in state.workers() if w.available()]
+        if not workers:
+            return error_response(503, "no worker is available")
+
+        async def one(w: Any) -> tuple[Any, int, bytes]:
+            try:
+                r = await client.post(w.url + path, content=raw,
+                                      headers=upstream_headers(request.headers, w))  # fmt: skip
+                return w, r.status_code, r.content
+            except httpx.HTTPError as e:
+                return w, 502, json.dumps({"error": {"message": f"{type(e).__name__}: {e}"}}).encode()
+
+        results = await asyncio.gather(*(one(w) for w in workers))
+        for w, status, content in results:
+            if status != 200:
+                try:
+                    message = json.loads(content)["error"]["message"]
+                    param = json.loads(content)["error"].get("param")
+                except (ValueError, KeyError, TypeError):
+                    message, param = content.decode(errors="replace"), None
+                done = sum(1 for r in results if r[1] == 200)
+                return error_response(status, f"worker {w.url}: {message} ({done} of "
+                                      f"{len(results)} workers made the change)", param)  # fmt: skip
+        return Response(results[0][2], 200, media_type="text/plain")
+
+    def broadcast_route(path: str) -> Callable[[Request], Awaitable[Response]]:
+        async def route(request: Request) -> Response:
+            return await to_every_worker(request, path)
+
+        return route
+
+    for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+        app.add_api_route(path, broadcast_route(path), methods=["POST"], name=path)
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         if (denied := unauthorized(request)) is not None:

@@ -32,7 +32,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="Route OpenAI requests over many workers (cache-, load- and shape-aware).",
         description="An OpenAI-compatible front (/v1/chat/completions, /v1/completions, "
         "/v1/responses, /v1/embeddings, /classify, /v1/score, /v1/rerank, /v1/models, "
-        "/health, /metrics) over fulcrum, vLLM, SGLang or any OpenAI-compatible "
+        "/health, /metrics; /v1/load_lora_adapter and /v1/unload_lora_adapter go to every "
+        "worker) over fulcrum, vLLM, SGLang or any OpenAI-compatible "
         "workers, with retries, circuit breakers and run-time worker changes (/workers).",
     )
     p.add_argument("--host", default="127.0.0.1", help="Address to bind (default: %(default)s).")
