@@ -14,7 +14,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 
 from fulcrum import __version__
 from fulcrum.engine.async_engine import AsyncEngine, EngineDeadError
@@ -146,13 +146,13 @@ def build_app(state: ServerState, engine_factory: EngineFactory) -> FastAPI:
     async def rerank(body: RerankRequest, raw: Request) -> Response:
         return await pooling.rerank(body, raw)
 
-    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)
+    @app.post("/v1/load_lora_adapter", response_class=Response, responses=openapi.LORA_UPDATE)
     async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> Response:
         """Serve a PEFT adapter from the server's disk under a model name
         (``--allow-runtime-lora-updates``)."""
         return await loras.load(body)
 
-    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=_ERRORS)
+    @app.post("/v1/unload_lora_adapter", response_class=Response, responses=openapi.LORA_UPDATE)
     async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> Response:
         """Stop serving an adapter; requests already running it finish."""
         return await loras.unload(body)

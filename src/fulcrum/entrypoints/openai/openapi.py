@@ -63,6 +63,16 @@ METRICS: dict[int | str, dict[str, Any]] = {
         "content": {CONTENT_TYPE.split(";")[0]: {"schema": {"type": "string"}}},
     },
 }
+# /v1/load_lora_adapter and /v1/unload_lora_adapter: a line of text when done, as vLLM answers.
+LORA_UPDATE: dict[int | str, dict[str, Any]] = {
+    200: {"description": "Done; one line of text.", "content": {"text/plain": {"schema": {"type": "string"}}}},
+    **{code: {"description": what, "content": _ERROR} for code, what in (
+        (400, "A bad argument (the error's param names it), or runtime updates are off."),
+        (401, "No or a wrong API key."),
+        (404, "No adapter of that name is loaded (unload)."),
+        (503, "The engine process has stopped."),
+    )},
+}  # fmt: skip
 VERSION: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The server's version.",
