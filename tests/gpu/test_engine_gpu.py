@@ -409,7 +409,8 @@ def test_lora_adapter_on_cuda(tiny_llama: str, tmp_path) -> None:
     """A PEFT adapter on every projection: greedy tokens on CUDA in float32 equal PEFT's own
     model there, its rows mixed with base-model rows (prefill eager, decode steps through the
     LoRA decode graphs and the batched LoRA kernels); then base rows alone (the base graphs,
-    which hold no adapter path) equal PEFT with the adapter off."""
+    which hold no adapter path) equal PEFT with the adapter off; the same adapter loaded while
+    serving, after the graphs were captured, gives the same tokens."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -448,6 +449,14 @@ def test_lora_adapter_on_cuda(tiny_llama: str, tmp_path) -> None:
     replays = runner.graphs.num_replays
     assert [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)] == base
     assert runner.graphs.num_replays > replays  # base-only steps replayed the graphs
+    # loaded after the graphs were captured: the slot is written in place, the graphs read it
+    del llm
+    live = LLM(tiny_llama, device="cuda", dtype="float32", allow_runtime_lora_updates=True,
+               max_loras=2, num_kv_blocks=512)  # fmt: skip
+    live.load_lora_adapter("late", str(tmp_path / "a"))
+    outs = live.generate(prompts, params, use_tqdm=False, lora="late")
+    assert [list(o.outputs[0].token_ids) for o in outs] == ref
+    assert live.core.runner.lora_graphs.num_replays > 0
 
 
 @pytest.mark.parametrize("kind", ["last", "mean"])

@@ -4,8 +4,9 @@
 
 for every adapter slot ``s`` in the step. A fused projection (``qkv_proj``, ``gate_up_proj``)
 takes each checkpoint module's update on its own slice of the output, as its weights were
-loaded. The wrapper exposes none of the fused fast paths' hooks (``gemv_operands``,
-``takes_fp8_rows``), so a wrapped layer always runs as a plain call.
+loaded. The base layer's fused fast paths' hooks (``gemv_operands``, ``takes_fp8_rows``: a
+norm, activation or rotary fused into the projection's kernel) show through the wrapper only
+while the forward has no adapter rows, so base-model steps (and the base graphs) keep them.
 
 Two ways to run the same update:
 - eager steps: the runner tells the shared ``LoRAContext`` which slot each token row uses
@@ -28,6 +29,9 @@ from fulcrum.config import LoRAConfig
 from fulcrum.kernels.dispatch import Configured, use_triton
 from fulcrum.kernels.lora import lora_expand, lora_rows_torch, lora_shrink
 from fulcrum.lora.adapter import LoRAAdapter
+
+# The base layer's hooks that let a fused kernel run the projection instead of its forward.
+_FAST_PATH_HOOKS = ("gemv_operands", "takes_fp8_rows", "forward_fp8")
 
 # Checkpoint module names that name no projection an adapter may change here.
 _REFUSED = ("embed_tokens", "lm_head")
@@ -75,6 +79,14 @@ class LoRALinear(nn.Module, Configured):
         self.a_stack = torch.zeros(num_slots + 1, shards * rank_cap, n_in, dtype=dtype, device=dev)
         self.b_stack = torch.zeros(num_slots + 1, n_out, shards * rank_cap, dtype=dtype, device=dev)
         self.targeted: set[int] = set()  # the slots that change this layer
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - nn.Module's own lookup first
+        if name in _FAST_PATH_HOOKS:
+            ctx = self.__dict__["ctx"]
+            if ctx.graph_mode or ctx.groups:  # adapter rows: the plain call adds their update
+                raise AttributeError(name)
+            return getattr(self.base, name)
+        return super().__getattr__(name)
 
     def clear(self, slot: int) -> None:
         self.a_stack[slot].zero_()
