@@ -64,6 +64,8 @@ class PoolerConfig:
     # a reranker kept as a causal LM (config ``classifier_from_token``): its labels are the LM
     # head's rows of these tokens; two tokens (no, yes) give one label, yes minus no
     label_token_ids: tuple[int, ...] = ()
+    # an encoder (BERT): each prompt attends both ways, so it runs whole in one step, unchunked
+    bidirectional: bool = False
 
     def __post_init__(self) -> None:
         if self.pooling_type not in POOLING_TYPES:
@@ -76,8 +78,9 @@ class PoolerConfig:
     def whole_prompt(self) -> bool:
         """Whether every prompt position must run through the model in this request (mean and
         cls read hidden states a cached prefix would skip); ``last`` always computes the last
-        prompt token, so the prefix cache serves it."""
-        return self.pooling_type != "last"
+        prompt token, so the prefix cache serves it; an encoder's every position depends on
+        the whole prompt."""
+        return self.pooling_type != "last" or self.bidirectional
 
 
 @dataclass(frozen=True)

@@ -476,3 +476,24 @@ def test_embeddings_on_cuda(tiny_llama: str, kind: str) -> None:
     for o, w in zip(outs, want, strict=True):
         w = (w / w.norm()).cpu()
         torch.testing.assert_close(torch.tensor(o.outputs.embedding), w, atol=1e-4, rtol=1e-3)
+
+
+def test_encoder_embeddings_on_cuda(tmp_path) -> None:
+    """A BERT encoder on CUDA (its prompts padded into one attention batch per step): CLS
+    embeddings equal transformers' there, in float32 and, within bf16's error, in bfloat16."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(8)
+    cfg = BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128, max_position_embeddings=128)  # fmt: skip
+    BertModel(cfg).save_pretrained(str(tmp_path))
+    hf = BertModel.from_pretrained(str(tmp_path), dtype=torch.float32).cuda().eval()
+    prompts = _prompts(10, 300, seed=9)
+    with torch.no_grad():
+        want = [hf(torch.tensor([p], device="cuda")).last_hidden_state[0, 0] for p in prompts]
+    for dtype, tol in (("float32", 1e-4), ("bfloat16", 3e-2)):
+        llm = LLM(str(tmp_path), device="cuda", dtype=dtype, max_num_batched_tokens=256)
+        for o, w in zip(llm.embed(prompts, use_tqdm=False), want, strict=True):
+            w = (w / w.norm()).cpu()
+            torch.testing.assert_close(torch.tensor(o.outputs.embedding), w, atol=tol, rtol=tol)
+        del llm

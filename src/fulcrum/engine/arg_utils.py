@@ -383,6 +383,9 @@ class EngineArgs:
                     "hf_overrides: classifier_from_token reads the whole LM head; it is not "
                     "supported with tensor_parallel_size > 1 yet."
                 )
+            if pooler.bidirectional and lora_config.enabled:
+                raise ValueError(f"lora_modules: the encoder {model_config.architecture} takes no "
+                                 "LoRA adapters.")  # fmt: skip
         cache_config = CacheConfig(
             block_size=self.block_size,
             kv_cache_memory=self.kv_cache_memory,

@@ -97,6 +97,7 @@ class EngineCore:
             self.structured, config.speculative_config, kv_window=engine_kv_window(config),
             loras=self.loras,
             whole_prompt=pooler is not None and pooler.whole_prompt,
+            unchunked=pooler is not None and pooler.bidirectional,
         )
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s); max_model_len %d holds %.1f "

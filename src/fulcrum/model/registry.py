@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from fulcrum.model.bert import BertEncoderModel
 from fulcrum.model.gemma import GemmaForCausalLM
 from fulcrum.model.llama import LlamaForCausalLM
 from fulcrum.model.moe import MixtralForCausalLM
@@ -26,8 +27,21 @@ _MODELS: dict[str, type[nn.Module]] = {
 }
 
 
+# Encoders (bidirectional attention): embedding models only (``runner="pooling"``).
+_ENCODERS: dict[str, type[nn.Module]] = {
+    "BertModel": BertEncoderModel,
+    "RobertaModel": BertEncoderModel,  # positions offset past the padding index
+    "XLMRobertaModel": BertEncoderModel,
+}
+
+
 def supported_architectures() -> list[str]:
-    return sorted(_MODELS)
+    return sorted([*_MODELS, *_ENCODERS])
+
+
+def is_encoder(architecture: str) -> bool:
+    """An encoder: each prompt attends both ways, and is served as embeddings only."""
+    return architecture in _ENCODERS
 
 
 _CLASSIFIER = "ForSequenceClassification"
@@ -54,6 +68,8 @@ def causal_lm_of(architecture: str) -> str | None:
 
 
 def get_model_cls(architecture: str) -> type[nn.Module]:
+    if architecture in _ENCODERS:
+        return _ENCODERS[architecture]
     name = causal_lm_of(architecture) or architecture
     if name not in _MODELS:
         raise ValueError(

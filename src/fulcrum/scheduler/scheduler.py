@@ -56,10 +56,12 @@ class Scheduler:
         kv_window: int | None = None,  # every layer's window: older KV blocks are released
         loras: LoRARegistry | None = None,  # the adapters served (None: none)
         whole_prompt: bool = False,  # every prompt position computed (mean/cls pooling)
+        unchunked: bool = False,  # each prompt in one step (an encoder attends both ways)
     ) -> None:
         self.config = config
         self.loras = loras if loras is not None else LoRARegistry(LoRAConfig())
         self.whole_prompt = whole_prompt
+        self.unchunked = unchunked
         self.structured = structured
         self.block_size = cache_config.block_size
         self.kv = KVCacheManager(
@@ -107,6 +109,11 @@ class Scheduler:
             )
         if sp.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {sp.max_tokens}.")
+        if self.unchunked and len(prompt) > self.config.max_num_batched_tokens:
+            raise ValueError(
+                f"prompt: {len(prompt)} tokens; this encoder runs each prompt whole in one step "
+                f"of at most max_num_batched_tokens={self.config.max_num_batched_tokens}."
+            )
         for name, ids in (("logit_bias", sp.logit_bias), ("allowed_token_ids", sp.allowed_token_ids)):
             bad = [t for t in ids or () if t >= self.vocab_size]
             if bad:
@@ -370,6 +377,8 @@ class Scheduler:
                 # another request is computing this prefix right now
                 continue
             num_computed = m * bs
+            if self.unchunked and req.num_tokens - num_computed > budget:
+                break  # whole, in a later step (first come, first served)
             num_new = min(req.num_tokens - num_computed, budget)
             hit = self.kv.admit(req.key, blocks, node)
             if not self.kv.allocate_slots(req.key, num_computed + num_new):

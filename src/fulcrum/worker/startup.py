@@ -51,7 +51,9 @@ def prepare_runner(runner: ModelRunner, agree: Callable[[int], int] | None = Non
         if runner.pooler is None:  # an embedding model's prompts never decode
             capture_graphs(runner)
             capture_draft_graphs(runner)
-        if runner.config.piecewise_graph_max_tokens > 0:
+        pooler = runner.config.model_config.pooler_config
+        encoder = pooler is not None and pooler.bidirectional  # no layer halves to capture
+        if runner.config.piecewise_graph_max_tokens > 0 and not encoder:
             capture_piecewise(runner)
     return num_blocks
 
@@ -62,6 +64,14 @@ def prepare_runner(runner: ModelRunner, agree: Callable[[int], int] | None = Non
 def determine_num_blocks(runner: ModelRunner) -> int:
     cc = runner.config.cache_config
     cuda = runner.device.type == "cuda"
+    pooler = runner.config.model_config.pooler_config
+    if pooler is not None and pooler.bidirectional and cc.num_blocks is None:
+        # An encoder reads no KV: its blocks only count each step's prompts in and out. Two
+        # steps' worth (asynchronous scheduling holds one while the next is scheduled).
+        sc = runner.config.scheduler_config
+        if cuda:
+            _compile_pass_without_profiling(runner)
+        return 2 * (-(-sc.max_num_batched_tokens // runner.block_size) + sc.max_num_seqs)
     if cc.num_blocks is None and cuda and cc.kv_cache_memory is None:
         t0 = time.perf_counter()
         blocks = _profile_cuda_blocks(runner)

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 
 from fulcrum.config import ModelConfig, PoolerConfig
-from fulcrum.model.registry import causal_lm_of, is_classifier
+from fulcrum.model.registry import causal_lm_of, is_classifier, is_encoder
 
 RUNNERS = ("auto", "generate", "pooling")
 
@@ -37,14 +37,15 @@ def resolve_pooler(
         raise ValueError(f"runner: expected one of {', '.join(RUNNERS)}, got {runner!r}.")
     if normalize not in ("auto", "on", "off"):
         raise ValueError(f"embedding_normalize: expected auto, on or off, got {normalize!r}.")
-    bare = causal_lm_of(mc.architecture) is not None
+    encoder = is_encoder(mc.architecture)
+    bare = causal_lm_of(mc.architecture) is not None or encoder
     if runner == "auto":
         runner = "pooling" if bare else "generate"
     if runner == "generate":
         if bare:
             raise ValueError(
-                f"runner: {mc.architecture} has no LM head (an embedding model's or a "
-                "classifier's checkpoint); serve it with runner pooling."
+                f"runner: {mc.architecture} has no LM head (an encoder's, an embedding "
+                "model's or a classifier's checkpoint); serve it with runner pooling."
             )
         if pooling_type is not None:
             raise ValueError("pooling_type: applies to runner pooling only.")
@@ -66,13 +67,13 @@ def resolve_pooler(
             raise ValueError(f"num_labels: {mc.architecture}'s config names no labels.")
         return PoolerConfig("last", normalize=False, num_labels=labels)
     st = _sentence_transformers(mc.weights_path)
-    if pooling_type is None:
-        pooling_type = st[0]() if st is not None else "last"
+    if pooling_type is None:  # an encoder's summary is its first token ([CLS], <s>)
+        pooling_type = st[0]() if st is not None else "cls" if encoder else "last"
     if normalize == "auto":
         norm = st[1] if st is not None else True
     else:
         norm = normalize == "on"
-    return PoolerConfig(pooling_type, norm)
+    return PoolerConfig(pooling_type, norm, bidirectional=encoder)
 
 
 def _token_ids(mc: ModelConfig, tokens: list[str]) -> tuple[int, ...]:

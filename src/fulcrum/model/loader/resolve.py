@@ -117,8 +117,11 @@ def resolve_model_config(
     archs = getattr(hf_config, "architectures", None)
     if not archs:
         raise ValueError(f"architectures: config of {model!r} names no architecture.")
-    get_model_cls(archs[0])  # unknown architecture → ValueError naming the field
-    limit = int(getattr(hf_config, "max_position_embeddings", 2048))
+    cls = get_model_cls(archs[0])  # unknown architecture → ValueError naming the field
+    if hasattr(cls, "max_positions"):  # a position table that starts past an offset
+        limit = cls.max_positions(hf_config)
+    else:
+        limit = int(getattr(hf_config, "max_position_embeddings", 2048))
     if max_model_len is None:
         max_model_len = limit
     elif max_model_len < 1:

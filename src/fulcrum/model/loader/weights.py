@@ -188,7 +188,7 @@ def load_model(
         else:
             weights = iter_safetensors(mc.weights_path, shard)
         rows: dict[int, torch.Tensor] = {}  # a causal-LM reranker's label rows of its LM head
-        if mc.pooler_config is not None:
+        if mc.pooler_config is not None and not mc.pooler_config.bidirectional:
             weights = _decoder_weights(weights, mc.pooler_config.label_token_ids, rows)
         loaded = model.load_weights(weights)
         if mc.pooler_config is not None and mc.pooler_config.label_token_ids:

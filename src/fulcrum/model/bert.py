@@ -1,0 +1,202 @@
+"""BERT-family encoders (``BertModel``, ``RobertaModel``, ``XLMRobertaModel``) for embeddings:
+most sentence-transformers checkpoints (all-MiniLM, bge, e5, gte-base, multilingual-e5, bge-m3).
+
+Each prompt attends to itself in both directions, so it runs whole in one step
+(``PoolerConfig.bidirectional``: the scheduler neither chunks it nor matches a cached prefix)
+and no layer reads or writes the KV cache. The module tree keeps transformers' names, so a
+checkpoint loads by name::
+
+    embeddings:  word + position (+ RoBERTa's offset) + token type 0  -> LayerNorm
+    each layer:  x = LN(x + dense(attention(x)))   x = LN(x + output(act(intermediate(x))))
+
+The output is the last layer's hidden states (transformers' ``last_hidden_state``); the pooler
+picks CLS, mean or last. BERT's own ``pooler`` (dense + tanh) is not what sentence-transformers
+use, and is not loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fulcrum.attention.backend import AttentionMetadata
+
+_ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+# checkpoint prefixes of a model saved with a head (``bert.``) or by a wrapper (``model.``)
+_PREFIXES = ("bert.", "roberta.", "model.")
+# tensors that are not the encoder's: heads, BERT's pooler, buffers saved as weights
+_SKIPPED = ("pooler.", "cls.", "lm_head.", "classifier.", "embeddings.position_ids")
+
+
+def _is_roberta(config) -> bool:  # noqa: ANN001 - a transformers config
+    return "Roberta" in (getattr(config, "architectures", None) or [""])[0]
+
+
+class _Embeddings(nn.Module):
+    def __init__(self, c) -> None:  # noqa: ANN001
+        super().__init__()
+        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size)
+        self.token_type_embeddings = nn.Embedding(max(1, c.type_vocab_size), c.hidden_size)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        # RoBERTa numbers positions from its padding index + 1
+        self.offset = int(c.pad_token_id) + 1 if _is_roberta(c) else 0
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.word_embeddings(ids) + self.position_embeddings(positions + self.offset)
+        return self.LayerNorm(x + self.token_type_embeddings.weight[0])
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, c) -> None:  # noqa: ANN001
+        super().__init__()
+        self.query = nn.Linear(c.hidden_size, c.hidden_size)
+        self.key = nn.Linear(c.hidden_size, c.hidden_size)
+        self.value = nn.Linear(c.hidden_size, c.hidden_size)
+
+
+class _Output(nn.Module):
+    """``LayerNorm(residual + dense(x))``: the attention's output and the MLP's."""
+
+    def __init__(self, n_in: int, c) -> None:  # noqa: ANN001
+        super().__init__()
+        self.dense = nn.Linear(n_in, c.hidden_size)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(residual + self.dense(x))
+
+
+class _Attention(nn.Module):
+    def __init__(self, c) -> None:  # noqa: ANN001
+        super().__init__()
+        self.self = _SelfAttention(c)
+        self.output = _Output(c.hidden_size, c)
+
+
+class _Intermediate(nn.Module):
+    def __init__(self, c) -> None:  # noqa: ANN001
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.intermediate_size)
+
+
+class _Layer(nn.Module):
+    def __init__(self, c) -> None:  # noqa: ANN001
+        super().__init__()
+        self.attention = _Attention(c)
+        self.intermediate = _Intermediate(c)
+        self.output = _Output(c.intermediate_size, c)
+        self.heads = int(c.num_attention_heads)
+        self.act = _ACTIVATIONS[c.hidden_act]
+
+    def forward(self, x: torch.Tensor, batch: _Padded) -> torch.Tensor:
+        a = self.attention.self
+        q, k, v = (batch.pad(p(x), self.heads) for p in (a.query, a.key, a.value))
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.mask)
+        x = self.attention.output(batch.unpad(o), x)
+        return self.output(self.act(self.intermediate.dense(x)), x)
+
+
+class _Padded:
+    """The step's prompts as one padded batch ``[n, heads, L, D]`` for attention, and back.
+
+    ``rows[i, j]``: prompt ``i``'s token ``j``'s row in the step (``T``, a zero row, past its
+    end); ``mask`` lets each query see its own prompt's keys only."""
+
+    def __init__(self, qsl: list[int], device: torch.device) -> None:
+        lens = [b - a for a, b in zip(qsl, qsl[1:], strict=False)]
+        self.n, self.len, total = len(lens), max(lens), qsl[-1]
+        rows = torch.full((self.n, self.len), total, dtype=torch.long)
+        for i, (a, m) in enumerate(zip(qsl, lens, strict=False)):
+            rows[i, :m] = torch.arange(a, a + m)
+        self.rows = rows.to(device)
+        valid = rows < total
+        self.mask = valid.to(device)[:, None, None, :]
+        self.flat = torch.nonzero(valid.reshape(-1)).squeeze(1).to(device)
+
+    def pad(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        x = torch.cat([x, x.new_zeros(1, x.shape[1])])[self.rows]  # [n, L, H * D]
+        return x.view(self.n, self.len, heads, -1).transpose(1, 2)
+
+    def unpad(self, o: torch.Tensor) -> torch.Tensor:
+        return o.transpose(1, 2).reshape(self.n * self.len, -1)[self.flat]
+
+
+class _Encoder(nn.Module):
+    def __init__(self, c) -> None:  # noqa: ANN001
+        super().__init__()
+        self.layer = nn.ModuleList([_Layer(c) for _ in range(c.num_hidden_layers)])
+
+
+class BertEncoderModel(nn.Module):
+    """An encoder served by ``runner="pooling"``: hidden states of every prompt token."""
+
+    bidirectional = True
+
+    def __init__(self, config, max_model_len: int, backend=None, quant=None,  # noqa: ANN001
+                 kernel_config=None) -> None:  # fmt: skip
+        super().__init__()
+        for field, value, ok in (
+            ("position_embedding_type", getattr(config, "position_embedding_type", "absolute"),
+             ("absolute",)),
+            ("hidden_act", config.hidden_act, tuple(_ACTIVATIONS)),
+        ):  # fmt: skip
+            if value not in ok:
+                raise ValueError(f"{field}: {value!r} is not supported for encoders (only "
+                                 f"{', '.join(ok)}).")  # fmt: skip
+        if quant is not None:
+            raise ValueError("quantization: encoders run unquantized here.")
+        self.config = config
+        self.embeddings = _Embeddings(config)
+        self.encoder = _Encoder(config)
+        self.lm_head: nn.Module | None = None  # the loader's NoLMHead: nothing to generate
+
+    @staticmethod
+    def max_positions(config) -> int:  # noqa: ANN001
+        """The longest prompt the position table holds (RoBERTa's starts past its padding)."""
+        offset = int(config.pad_token_id) + 1 if _is_roberta(config) else 0
+        return int(config.max_position_embeddings) - offset
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches,  # noqa: ANN001
+                meta: AttentionMetadata) -> torch.Tensor:  # fmt: skip
+        batch = _Padded(meta.query_start_loc_cpu, input_ids.device)
+        x = self.embeddings(input_ids, positions)
+        for layer in self.encoder.layer:
+            x = layer(x, batch)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        assert self.lm_head is not None
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            for p in _PREFIXES:
+                name = name.removeprefix(p)
+            if name.startswith(_SKIPPED):
+                continue
+            # checkpoints converted from TensorFlow name LayerNorm's parameters gamma and beta
+            name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
+                "LayerNorm.beta", "LayerNorm.bias"
+            )
+            if name not in params:
+                raise ValueError(f"model weights: unexpected tensor {name!r} in the checkpoint.")
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise ValueError(f"model weights: {name} is {tuple(tensor.shape)}, the model "
+                                 f"wants {tuple(params[name].shape)}.")  # fmt: skip
+            params[name].data.copy_(tensor)
+            loaded.add(name)
+        return loaded
+
+    def expected_weight_count(self) -> int:
+        return sum(1 for _ in self.named_parameters())
