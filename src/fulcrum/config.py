@@ -66,6 +66,8 @@ class PoolerConfig:
     label_token_ids: tuple[int, ...] = ()
     # an encoder (BERT): each prompt attends both ways, so it runs whole in one step, unchunked
     bidirectional: bool = False
+    # an encoder cross-encoder's pair separator: token type 1 follows its first occurrence
+    sep_token_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.pooling_type not in POOLING_TYPES:

@@ -17,17 +17,20 @@ from fulcrum import LLM
 PROMPTS = [[2, 17, 33, 90, 4, 8, 120, 64, 7, 9, 11, 3], [2, 40, 41, 3], [2, 3], [2, 5, 17, 33, 90, 3]]
 
 
-def _make(path: str, kind: str) -> str:
-    from transformers import BertConfig, BertModel, XLMRobertaConfig, XLMRobertaModel
+def _make(path: str, kind: str, labels: int = 0) -> str:
+    """A tiny random encoder (``labels``: its ``...ForSequenceClassification`` instead)."""
+    import transformers as tf
 
     torch.manual_seed(7)
     common = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=64, max_position_embeddings=40)  # fmt: skip
     if kind == "bert":
-        model = BertModel(BertConfig(**common, type_vocab_size=2), add_pooling_layer=True)
+        cfg = tf.BertConfig(**common, type_vocab_size=2, num_labels=labels or 2)
+        model = tf.BertForSequenceClassification(cfg) if labels else tf.BertModel(cfg)
     else:
-        model = XLMRobertaModel(XLMRobertaConfig(**common, type_vocab_size=1, pad_token_id=1),
-                                add_pooling_layer=False)  # fmt: skip
+        cfg = tf.XLMRobertaConfig(**common, type_vocab_size=1, pad_token_id=1, num_labels=labels or 2)
+        model = (tf.XLMRobertaForSequenceClassification(cfg) if labels
+                 else tf.XLMRobertaModel(cfg, add_pooling_layer=False))  # fmt: skip
     model.save_pretrained(path)
     return path
 
@@ -87,3 +90,49 @@ def test_encoder_layout_and_refusals(encoder, tmp_path) -> None:
         LLM(path, device="cpu", dtype="float32", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="lora_modules: the encoder .* takes no LoRA"):
         LLM(path, device="cpu", dtype="float32", allow_runtime_lora_updates=True)
+
+
+@pytest.mark.parametrize("kind", ["bert", "xlm_roberta"])
+def test_encoder_classifier_equals_transformers(tmp_path, kind: str) -> None:
+    """``...ForSequenceClassification`` encoders: the first token through the checkpoint's own
+    head (BERT's pooler and classifier, RoBERTa's dense/out_proj) gives transformers' logits."""
+    from transformers import AutoModelForSequenceClassification
+
+    path = _make(str(tmp_path / kind), kind, labels=3)
+    hf = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = [hf(torch.tensor([p])).logits[0].numpy() for p in PROMPTS]
+    llm = LLM(path, device="cpu", dtype="float32", max_num_batched_tokens=16)
+    for o, w in zip(llm.classify(PROMPTS, use_tqdm=False), want, strict=True):
+        np.testing.assert_allclose(o.outputs.logits, w, atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="pooling_type: .* scores the first token"):
+        LLM(path, device="cpu", pooling_type="last")
+
+
+def test_bert_cross_encoder_scores_pairs_by_token_type(tmp_path) -> None:
+    """A one-label BERT cross-encoder (ms-marco-MiniLM's layout) scores each (query, document)
+    pair read as one prompt, its second text at token type 1 as the tokenizer's pair encoding
+    sets it: the sigmoid of transformers' logit on the same pair."""
+    from transformers import AutoModelForSequenceClassification, BertTokenizerFast
+
+    path = _make(str(tmp_path / "ce"), "bert", labels=1)
+    ce = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():  # token type 1 far from type 0, so reading a pair as one text shows
+        ce.bert.embeddings.token_type_embeddings.weight[1].normal_(0, 1.0)
+        ce.bert.pooler.dense.weight.normal_(0, 0.5)
+        ce.classifier.weight.normal_(0, 1.0)
+    ce.save_pretrained(path)
+    words = "[PAD] [UNK] [CLS] [SEP] [MASK] what is the capital of france paris bananas are yellow ? ."
+    (tmp_path / "vocab.txt").write_text("\n".join(words.split()) + "\n")
+    tok = BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
+    tok.save_pretrained(path)
+    query, docs = "what is the capital of france ?", ["paris is the capital .", "bananas are yellow ."]
+    hf = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        pairs = [tok(query, d, return_tensors="pt") for d in docs]
+        want = [torch.sigmoid(hf(**p).logits[0, 0]).item() for p in pairs]
+        one_type = [torch.sigmoid(hf(p["input_ids"]).logits[0, 0]).item() for p in pairs]
+    assert abs(want[0] - one_type[0]) > 1e-3
+    llm = LLM(path, device="cpu", dtype="float32")
+    got = [o.outputs.score for o in llm.score(query, docs, use_tqdm=False)]
+    np.testing.assert_allclose(got, want, atol=1e-5)

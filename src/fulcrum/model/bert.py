@@ -1,5 +1,8 @@
 """BERT-family encoders (``BertModel``, ``RobertaModel``, ``XLMRobertaModel``) for embeddings:
-most sentence-transformers checkpoints (all-MiniLM, bge, e5, gte-base, multilingual-e5, bge-m3).
+most sentence-transformers checkpoints (all-MiniLM, bge, e5, gte-base, multilingual-e5, bge-m3);
+and their ``...ForSequenceClassification`` cross-encoders (ms-marco-MiniLM, bge-reranker),
+whose head reads the first token: BERT's pooler (dense, tanh) then ``classifier``, RoBERTa's
+``classifier.dense``, tanh, ``classifier.out_proj``.
 
 Each prompt attends to itself in both directions, so it runs whole in one step
 (``PoolerConfig.bidirectional``: the scheduler neither chunks it nor matches a cached prefix)
@@ -11,7 +14,9 @@ checkpoint loads by name::
 
 The output is the last layer's hidden states (transformers' ``last_hidden_state``); the pooler
 picks CLS, mean or last. BERT's own ``pooler`` (dense + tanh) is not what sentence-transformers
-use, and is not loaded.
+use: an embedding model does not load it. A pair read as one prompt (``[CLS] a [SEP] b [SEP]``)
+takes token type 1 after its first ``[SEP]``, as the tokenizer's pair encoding sets it, where
+the model has two token types and the loader gave ``sep_token_id``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ _ACTIVATIONS = {
 _PREFIXES = ("bert.", "roberta.", "model.")
 # tensors that are not the encoder's: heads, BERT's pooler, buffers saved as weights
 _SKIPPED = ("pooler.", "cls.", "lm_head.", "classifier.", "embeddings.position_ids")
+_HEAD = ("pooler.", "classifier.")  # a classifier's: loaded under ``score.``
 
 
 def _is_roberta(config) -> bool:  # noqa: ANN001 - a transformers config
@@ -50,9 +56,13 @@ class _Embeddings(nn.Module):
         # RoBERTa numbers positions from its padding index + 1
         self.offset = int(c.pad_token_id) + 1 if _is_roberta(c) else 0
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, types: torch.Tensor | None
+    ) -> torch.Tensor:
         x = self.word_embeddings(ids) + self.position_embeddings(positions + self.offset)
-        return self.LayerNorm(x + self.token_type_embeddings.weight[0])
+        if types is None:
+            return self.LayerNorm(x + self.token_type_embeddings.weight[0])
+        return self.LayerNorm(x + self.token_type_embeddings(types))
 
 
 class _SelfAttention(nn.Module):
@@ -130,6 +140,42 @@ class _Padded:
         return o.transpose(1, 2).reshape(self.n * self.len, -1)[self.flat]
 
 
+class _BertHead(nn.Module):
+    """``BertForSequenceClassification``'s: pooler (dense, tanh), then ``classifier``."""
+
+    def __init__(self, c, labels: int) -> None:  # noqa: ANN001
+        super().__init__()
+        self.pooler = nn.Module()
+        self.pooler.dense = nn.Linear(c.hidden_size, c.hidden_size)
+        self.classifier = nn.Linear(c.hidden_size, labels)
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.tanh(self.pooler.dense(v)))
+
+
+class _RobertaHead(nn.Module):
+    """``RobertaForSequenceClassification``'s ``classifier``: dense, tanh, out_proj."""
+
+    def __init__(self, c, labels: int) -> None:  # noqa: ANN001
+        super().__init__()
+        self.classifier = nn.Module()
+        self.classifier.dense = nn.Linear(c.hidden_size, c.hidden_size)
+        self.classifier.out_proj = nn.Linear(c.hidden_size, labels)
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        return self.classifier.out_proj(torch.tanh(self.classifier.dense(v)))
+
+
+def _pair_types(ids: torch.Tensor, qsl: list[int], sep: int) -> torch.Tensor:
+    """Token type 1 after each prompt's first ``sep`` (the second text of a pair), else 0."""
+    is_sep = (ids == sep).long()
+    seen = torch.cumsum(is_sep, 0) - is_sep  # separators before each token, over the step
+    starts = torch.tensor(qsl[:-1], device=ids.device)
+    lens = torch.tensor([b - a for a, b in zip(qsl, qsl[1:], strict=False)], device=ids.device)
+    seen = seen - torch.repeat_interleave(seen[starts], lens)  # ... within its own prompt
+    return (seen > 0).long()
+
+
 class _Encoder(nn.Module):
     def __init__(self, c) -> None:  # noqa: ANN001
         super().__init__()
@@ -158,6 +204,15 @@ class BertEncoderModel(nn.Module):
         self.embeddings = _Embeddings(config)
         self.encoder = _Encoder(config)
         self.lm_head: nn.Module | None = None  # the loader's NoLMHead: nothing to generate
+        # a pair's separator (the loader sets it for a cross-encoder with two token types)
+        self.sep_token_id: int | None = None
+        self.classifier = (getattr(config, "architectures", None) or [""])[0].endswith(
+            "ForSequenceClassification"
+        )
+        if self.classifier:  # the head the runner applies to each pooled first token
+            labels = len(getattr(config, "id2label", None) or {}) or int(config.num_labels)
+            head = _RobertaHead if _is_roberta(config) else _BertHead
+            self.score = head(config, labels)
 
     @staticmethod
     def max_positions(config) -> int:  # noqa: ANN001
@@ -167,8 +222,11 @@ class BertEncoderModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches,  # noqa: ANN001
                 meta: AttentionMetadata) -> torch.Tensor:  # fmt: skip
-        batch = _Padded(meta.query_start_loc_cpu, input_ids.device)
-        x = self.embeddings(input_ids, positions)
+        qsl = meta.query_start_loc_cpu
+        batch = _Padded(qsl, input_ids.device)
+        sep = self.sep_token_id if self.embeddings.token_type_embeddings.num_embeddings > 1 else None
+        types = _pair_types(input_ids, qsl, sep) if sep is not None else None
+        x = self.embeddings(input_ids, positions, types)
         for layer in self.encoder.layer:
             x = layer(x, batch)
         return x
@@ -183,7 +241,9 @@ class BertEncoderModel(nn.Module):
         for name, tensor in weights:
             for p in _PREFIXES:
                 name = name.removeprefix(p)
-            if name.startswith(_SKIPPED):
+            if self.classifier and name.startswith(_HEAD):
+                name = "score." + name
+            elif name.startswith(_SKIPPED):
                 continue
             # checkpoints converted from TensorFlow name LayerNorm's parameters gamma and beta
             name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace(

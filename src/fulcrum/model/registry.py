@@ -32,6 +32,10 @@ _ENCODERS: dict[str, type[nn.Module]] = {
     "BertModel": BertEncoderModel,
     "RobertaModel": BertEncoderModel,  # positions offset past the padding index
     "XLMRobertaModel": BertEncoderModel,
+    # cross-encoders: the first token's hidden state through the checkpoint's own head
+    "BertForSequenceClassification": BertEncoderModel,
+    "RobertaForSequenceClassification": BertEncoderModel,
+    "XLMRobertaForSequenceClassification": BertEncoderModel,
 }
 
 
@@ -48,8 +52,11 @@ _CLASSIFIER = "ForSequenceClassification"
 
 
 def is_classifier(architecture: str) -> bool:
-    """A sequence classifier: a decoder, its last token's hidden state, a ``score`` head."""
-    return architecture.endswith(_CLASSIFIER) and causal_lm_of(architecture) is not None
+    """A sequence classifier: a decoder, its last token's hidden state, a ``score`` head (or an
+    encoder, its first token's, the checkpoint's own head)."""
+    return architecture.endswith(_CLASSIFIER) and (
+        causal_lm_of(architecture) is not None or architecture in _ENCODERS
+    )
 
 
 def causal_lm_of(architecture: str) -> str | None:

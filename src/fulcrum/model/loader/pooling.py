@@ -51,12 +51,17 @@ def resolve_pooler(
             raise ValueError("pooling_type: applies to runner pooling only.")
         return None
     if is_classifier(mc.architecture):
-        # transformers' classifiers score the last token's hidden state, unnormalized
-        if pooling_type not in (None, "last"):
+        # transformers' classifiers score the last token's hidden state (an encoder's: the
+        # first), unnormalized
+        token = "cls" if encoder else "last"
+        if pooling_type not in (None, token):
+            where = "first" if encoder else "last"
             raise ValueError(
-                f"pooling_type: {mc.architecture} scores the last token; got {pooling_type!r}."
+                f"pooling_type: {mc.architecture} scores the {where} token; got {pooling_type!r}."
             )
         tokens = getattr(mc.hf_config, "classifier_from_token", None)
+        if tokens and encoder:
+            raise ValueError(f"classifier_from_token: {mc.architecture} has its own head.")
         if tokens:
             ids = _token_ids(mc, tokens)
             return PoolerConfig("last", False, 1 if len(ids) == 2 else len(ids), ids)
@@ -65,7 +70,9 @@ def resolve_pooler(
         labels = len(id2label) if id2label else int(getattr(mc.hf_config, "num_labels", 0) or 0)
         if labels < 1:
             raise ValueError(f"num_labels: {mc.architecture}'s config names no labels.")
-        return PoolerConfig("last", normalize=False, num_labels=labels)
+        sep = _pair_separator(mc) if encoder else None
+        return PoolerConfig(token, normalize=False, num_labels=labels, bidirectional=encoder,
+                            sep_token_id=sep)  # fmt: skip
     st = _sentence_transformers(mc.weights_path)
     if pooling_type is None:  # an encoder's summary is its first token ([CLS], <s>)
         pooling_type = st[0]() if st is not None else "cls" if encoder else "last"
@@ -74,6 +81,16 @@ def resolve_pooler(
     else:
         norm = normalize == "on"
     return PoolerConfig(pooling_type, norm, bidirectional=encoder)
+
+
+def _pair_separator(mc: ModelConfig) -> int | None:
+    """The tokenizer's separator, where a cross-encoder tells a pair's two texts apart by token
+    type (BERT: two types; RoBERTa's single type needs none)."""
+    if int(getattr(mc.hf_config, "type_vocab_size", 1) or 1) < 2 or mc.tokenizer_path is None:
+        return None
+    from fulcrum.model.loader.tokenizer import load_tokenizer
+
+    return getattr(load_tokenizer(mc), "sep_token_id", None)
 
 
 def _token_ids(mc: ModelConfig, tokens: list[str]) -> tuple[int, ...]:

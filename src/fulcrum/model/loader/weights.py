@@ -163,7 +163,9 @@ def load_model(
         torch.set_default_dtype(old)
     if mc.pooler_config is not None:  # an embedding model: hidden states, no vocabulary
         model.lm_head = NoLMHead(mc.vocab_size)
-        if mc.pooler_config.num_labels:  # a classifier's head, on the pooled vector
+        if mc.pooler_config.bidirectional:  # an encoder (its classifier head is its own)
+            model.sep_token_id = mc.pooler_config.sep_token_id
+        elif mc.pooler_config.num_labels:  # a classifier's head, on the pooled vector
             hidden = int(mc.hf_config.hidden_size)
             model.score = nn.Linear(hidden, mc.pooler_config.num_labels, bias=False,
                                     device=device, dtype=mc.dtype)  # fmt: skip
