@@ -161,3 +161,21 @@ def test_adapters_loaded_and_unloaded_while_serving(case) -> None:
     fixed = LLM(base, device="cpu", dtype="float32", lora_modules={"qv": dirs["qv"]})
     with pytest.raises(ValueError, match="lora: adapters are fixed at start"):
         fixed.load_lora_adapter("z", dirs["all"])
+
+
+def test_adapters_under_tensor_parallelism(case) -> None:
+    """Two ranks (gloo): each holds its slice of every adapter (B's output rows of the
+    column-parallel projections, A's input columns of the row-parallel ones, whose all-reduce
+    then sums the adapter's partial update too); greedy tokens equal PEFT's, for an adapter
+    given at start and one loaded while serving (on every rank)."""
+    base, prompts, dirs, ref = case
+    llm = LLM(base, device="cpu", dtype="float32", tensor_parallel_size=2, kv_cache_memory=0.01,
+              lora_modules={"all": dirs["all"]}, max_loras=2,
+              allow_runtime_lora_updates=True)  # fmt: skip
+    llm.load_lora_adapter("qv", dirs["qv"])
+    names = [None, "all", "qv"]
+    batch = [(p, n) for p in prompts[:2] for n in names]
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    outs = llm.generate([p for p, _ in batch], params, use_tqdm=False, lora=[n for _, n in batch])
+    for (p, n), got in zip(batch, toks(outs), strict=True):
+        assert got == ref[n][prompts.index(p)], (n, p)

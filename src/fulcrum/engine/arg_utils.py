@@ -366,11 +366,6 @@ class EngineArgs:
             max_lora_rank=self.max_lora_rank,
             runtime_updates=self.allow_runtime_lora_updates,
         )
-        if lora_config.enabled and parallel_config.tensor_parallel_size > 1:
-            raise ValueError(
-                "lora_modules: LoRA adapters are not supported with tensor_parallel_size="
-                f"{parallel_config.tensor_parallel_size} yet."
-            )
         if lora_config.enabled and draft_model_config is not None:
             raise ValueError(
                 'lora_modules: LoRA adapters are not supported with speculative_config.method '

@@ -28,7 +28,6 @@ from concurrent import futures
 
 from fulcrum.config import EngineConfig
 from fulcrum.kv_cache.sliding_window import kv_free_window, layer_windows
-from fulcrum.lora.adapter import load_adapter
 from fulcrum.lora.registry import LoRARegistry
 from fulcrum.model.loader.hf_config import generation_eos_token_ids
 from fulcrum.protocol import (
@@ -135,9 +134,7 @@ class EngineCore:
             raise ValueError(f"lora_path: {path} is not a PEFT adapter directory (no "
                              "adapter_config.json).")  # fmt: skip
         slot = self.loras.free_slot(name, self.scheduler.holds_lora_slot)
-        slots = self.runner.lora_slots
-        assert slots is not None
-        slots.load(slot, load_adapter(name, path))
+        self.runner.load_lora(slot, name, path)
         self.loras.assign(slot, name, os.path.abspath(path))
         logger.info("LoRA adapter %r loaded into slot %d from %s", name, slot, path)
 

@@ -21,6 +21,8 @@ Two ways to run the same update:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import nn
@@ -133,8 +135,12 @@ class LoRASlots:
     a slot in place (stream-ordered after any step already launched that reads it)."""
 
     def __init__(self, model: nn.Module, config: LoRAConfig, startup: list[LoRAAdapter],
-                 device: torch.device, dtype: torch.dtype, max_rows: int) -> None:  # fmt: skip
+                 device: torch.device, dtype: torch.dtype, max_rows: int,
+                 shard: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> None:  # fmt: skip
+        """``shard``: this tensor-parallel rank's slice of a checkpoint tensor by name
+        (``ShardSpec``; None: one rank)."""
         self.model = model
+        self.shard = shard
         self.ctx = LoRAContext(device, max_rows, dtype)
         self.rank_cap = config.rank_cap([a.rank for a in startup])
         self.num_slots = config.num_slots
@@ -153,6 +159,10 @@ class LoRASlots:
             shards = sum(1 for fused, _ in self._fused.values() if fused == frag) or 1
             layer = LoRALinear(base, self.ctx, self.num_slots, self.rank_cap, shards)
             layer.kernel_config = getattr(base, "kernel_config", layer.kernel_config)
+            # a row-parallel projection's all-reduce (a forward hook) sums the adapter's partial
+            # update too: each rank's input columns of A times the whole B
+            layer._forward_hooks.update(base._forward_hooks)
+            base._forward_hooks.clear()
             parent, _, leaf = target.rpartition(".")
             setattr(model.get_submodule(parent), leaf, layer)
             self.layers[target] = layer
@@ -180,6 +190,10 @@ class LoRASlots:
         plan = []
         for module, (a, b) in adapter.weights.items():
             target, shard, offset = self._locate(adapter, module)
+            if self.shard is not None:  # A's input columns (row-parallel), else B's output rows
+                name = module + ".weight"
+                row_parallel = name.endswith((".o_proj.weight", ".down_proj.weight"))
+                a, b = (self.shard(name, a), b) if row_parallel else (a, self.shard(name, b))
             layer = self.layers.get(target)
             if layer is None:
                 try:

@@ -43,7 +43,7 @@ from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
 from fulcrum.lora.layers import LoRAContext, LoRASlots
 from fulcrum.model.layers.linear import Linear
 from fulcrum.model.layers.packed_cpu import pack_linear_weights
-from fulcrum.model.loader.weights import load_model
+from fulcrum.model.loader.weights import load_model, tp_shard
 from fulcrum.protocol import Logprobs
 from fulcrum.scheduler.output import SchedulerOutput
 from fulcrum.spec_decode.rejection import accept_point_mass
@@ -87,8 +87,9 @@ class ModelRunner:
             sc = config.scheduler_config
             rows = max(sc.max_num_seqs, sc.max_num_batched_tokens)
             self.lora_slots = LoRASlots(
-                self.model, config.lora_config, adapters, self.device, self.dtype, rows
-            )
+                self.model, config.lora_config, adapters, self.device, self.dtype, rows,
+                shard=tp_shard(mc),
+            )  # fmt: skip
             self.lora = self.lora_slots.ctx
         if kc.cpu_packed_linear:
             spec = config.speculative_config is not None  # verify steps of 2 to k + 1 rows
@@ -126,6 +127,14 @@ class ModelRunner:
         if config.draft_model_config is not None:
             self.draft = DraftModel(config, self.kv_dtype, self.max_blocks, kc)
             self.timings["draft_weights_s"] = self.draft.load_time
+
+    def load_lora(self, slot: int, name: str, path: str) -> None:
+        """Write the PEFT adapter at ``path`` into adapter ``slot`` (ValueError naming the field
+        if it cannot be served)."""
+        from fulcrum.lora.adapter import load_adapter
+
+        assert self.lora_slots is not None
+        self.lora_slots.load(slot, load_adapter(name, path))
 
     def set_kernel_config(self, kc: KernelConfig) -> None:
         """Switch the kernels' settings of the loaded model: the layers, the attention backend,

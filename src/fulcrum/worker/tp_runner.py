@@ -7,6 +7,7 @@ of the KV cache, fed the same steps::
       sample on rank 0, broadcast the ids  ═══════════════════════►  receive them (patches, tokens)
     DriverRunner.collect(handle)     ── "collect" ──────────►  collect the oldest step
     DriverRunner.update_states(out)  ── "update", out ──────►  the same
+    DriverRunner.load_lora(slot, …)  ── "lora", args ───────►  the same (after rank 0 checked it)
 
 Workers replay exactly the driver's calls, in its order, so they overlap steps when it does
 (asynchronous scheduling) and their host-side request states match its own. Only rank 0
@@ -67,6 +68,11 @@ class DriverRunner(ModelRunner):
     def update_states(self, out: SchedulerOutput) -> None:
         self.group.send(("update", out))
         super().update_states(out)
+
+    def load_lora(self, slot: int, name: str, path: str) -> None:
+        # here first: a bad adapter fails on rank 0 before any worker writes its slot
+        super().load_lora(slot, name, path)
+        self.group.send(("lora", (slot, name, path)))
 
     def _sample(
         self, logits, states, positions, greedy=None, bitmask=None, graph_sampled=False
@@ -183,6 +189,8 @@ def worker_main(
                 pending.append(runner.execute_async(out))
             elif kind == "collect":
                 runner.collect(pending.popleft())
+            elif kind == "lora":
+                runner.load_lora(*out)
             else:
                 runner.update_states(out)
     except BaseException as e:

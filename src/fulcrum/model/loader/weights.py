@@ -89,7 +89,7 @@ def _no_default_init():
             cls.reset_parameters = fn
 
 
-def _tp_shard(mc: ModelConfig):
+def tp_shard(mc: ModelConfig):
     """This rank's slicing of the checkpoint under tensor parallelism (None: one rank)."""
     from fulcrum.distributed.parallel_state import tp_rank, tp_size
 
@@ -179,7 +179,7 @@ def load_model(
     if mc.load_format == "dummy":
         _init_dummy(model, mc.seed)
     else:
-        shard = _tp_shard(mc)
+        shard = tp_shard(mc)
         if mc.load_format == "gguf":
             from fulcrum.model.loader import gguf_loader
 
