@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -122,15 +123,15 @@ class _Padded:
     end); ``mask`` lets each query see its own prompt's keys only."""
 
     def __init__(self, qsl: list[int], device: torch.device) -> None:
-        lens = [b - a for a, b in zip(qsl, qsl[1:], strict=False)]
-        self.n, self.len, total = len(lens), max(lens), qsl[-1]
-        rows = torch.full((self.n, self.len), total, dtype=torch.long)
-        for i, (a, m) in enumerate(zip(qsl, lens, strict=False)):
-            rows[i, :m] = torch.arange(a, a + m)
-        self.rows = rows.to(device)
-        valid = rows < total
-        self.mask = valid.to(device)[:, None, None, :]
-        self.flat = torch.nonzero(valid.reshape(-1)).squeeze(1).to(device)
+        starts = np.asarray(qsl, dtype=np.int64)
+        lens = np.diff(starts)
+        self.n, self.len, total = len(lens), int(lens.max()), int(starts[-1])
+        j = np.arange(self.len)
+        valid = j[None, :] < lens[:, None]
+        rows = np.where(valid, starts[:-1, None] + j[None, :], total)
+        self.rows = torch.from_numpy(rows).to(device)
+        self.mask = torch.from_numpy(valid).to(device)[:, None, None, :]
+        self.flat = torch.from_numpy(np.flatnonzero(valid)).to(device)
 
     def pad(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         x = torch.cat([x, x.new_zeros(1, x.shape[1])])[self.rows]  # [n, L, H * D]
