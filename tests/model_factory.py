@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -253,4 +255,28 @@ def make_tiny_classifier(path: str, num_labels: int, vocab: int = 320) -> str:
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       initializer_range=0.15, num_labels=num_labels, pad_token_id=0)  # fmt: skip
     LlamaForSequenceClassification(cfg).eval().save_pretrained(path)
+    return path
+
+
+def make_tiny_bert_cross_encoder(path: str) -> str:
+    """A tiny random one-label ``BertForSequenceClassification`` (ms-marco-MiniLM's layout) with
+    a WordPiece tokenizer, saved to ``path``. Token type 1 sits far from type 0 and the head is
+    scaled up, so a pair read without its token types scores visibly differently."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    torch.manual_seed(11)
+    words = ("[PAD] [UNK] [CLS] [SEP] [MASK] what is the capital of france paris bananas are "
+             "yellow rome ? .").split()  # fmt: skip
+    cfg = BertConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                     num_labels=1)  # fmt: skip
+    model = BertForSequenceClassification(cfg).eval()
+    with torch.no_grad():
+        model.bert.embeddings.token_type_embeddings.weight[1].normal_(0, 1.0)
+        model.bert.pooler.dense.weight.normal_(0, 0.5)
+        model.classifier.weight.normal_(0, 1.0)
+    model.save_pretrained(path)
+    with open(os.path.join(path, "vocab.txt"), "w") as f:
+        f.write("\n".join(words) + "\n")
+    BertTokenizerFast(vocab_file=os.path.join(path, "vocab.txt")).save_pretrained(path)
     return path

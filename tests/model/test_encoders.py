@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fulcrum import LLM
+from model_factory import make_tiny_bert_cross_encoder
 
 PROMPTS = [[2, 17, 33, 90, 4, 8, 120, 64, 7, 9, 11, 3], [2, 40, 41, 3], [2, 3], [2, 5, 17, 33, 90, 3]]
 
@@ -113,19 +114,10 @@ def test_bert_cross_encoder_scores_pairs_by_token_type(tmp_path) -> None:
     """A one-label BERT cross-encoder (ms-marco-MiniLM's layout) scores each (query, document)
     pair read as one prompt, its second text at token type 1 as the tokenizer's pair encoding
     sets it: the sigmoid of transformers' logit on the same pair."""
-    from transformers import AutoModelForSequenceClassification, BertTokenizerFast
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    path = _make(str(tmp_path / "ce"), "bert", labels=1)
-    ce = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
-    with torch.no_grad():  # token type 1 far from type 0, so reading a pair as one text shows
-        ce.bert.embeddings.token_type_embeddings.weight[1].normal_(0, 1.0)
-        ce.bert.pooler.dense.weight.normal_(0, 0.5)
-        ce.classifier.weight.normal_(0, 1.0)
-    ce.save_pretrained(path)
-    words = "[PAD] [UNK] [CLS] [SEP] [MASK] what is the capital of france paris bananas are yellow ? ."
-    (tmp_path / "vocab.txt").write_text("\n".join(words.split()) + "\n")
-    tok = BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
-    tok.save_pretrained(path)
+    path = make_tiny_bert_cross_encoder(str(tmp_path / "ce"))
+    tok = AutoTokenizer.from_pretrained(path)
     query, docs = "what is the capital of france ?", ["paris is the capital .", "bananas are yellow ."]
     hf = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():

@@ -117,15 +117,11 @@ def test_score_and_rerank_by_embedding_cosine(pooling_server: Server) -> None:
 
 
 @pytest.fixture(scope="module")
-def classifier_server(tmp_path_factory: pytest.TempPathFactory, smollm_dir) -> Iterator[tuple[Server, str]]:
-    from transformers import AutoTokenizer
-
-    from model_factory import make_tiny_classifier
+def classifier_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, str]]:
+    from model_factory import make_tiny_bert_cross_encoder
 
     tmp = tmp_path_factory.mktemp("classifier")
-    tok = AutoTokenizer.from_pretrained(smollm_dir)
-    path = make_tiny_classifier(str(tmp / "model"), 1, vocab=len(tok))
-    tok.save_pretrained(path)
+    path = make_tiny_bert_cross_encoder(str(tmp / "model"))
     s = start_server(str(tmp), "--api-key", API_KEY, "--model", path, "--served-model-name", "rr",
                      "--kv-cache-memory", "0.05")  # fmt: skip
     yield s, path
@@ -133,15 +129,16 @@ def classifier_server(tmp_path_factory: pytest.TempPathFactory, smollm_dir) -> I
 
 
 def test_classifier_server_reranks_like_transformers(classifier_server) -> None:
-    """A one-label ``LlamaForSequenceClassification`` (a cross-encoder): each (query, document)
-    pair is one prompt; scores are transformers' sigmoid; /classify gives the probability."""
+    """A one-label BERT cross-encoder (ms-marco-MiniLM's layout): each (query, document) pair
+    is one prompt, its second text at token type 1; scores are transformers' sigmoid; /classify
+    gives the probability. (A decoder classifier serves the same way: tests/model.)"""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     server, path = classifier_server
     tok = AutoTokenizer.from_pretrained(path)
     hf = AutoModelForSequenceClassification.from_pretrained(path, torch_dtype=torch.float32).eval()
-    query, docs = "capital of France", ["Paris is the capital.", "Bananas are yellow.", "Rome"]
+    query, docs = "capital of France ?", ["Paris is the capital .", "Bananas are yellow .", "Rome"]
     with torch.no_grad():
         logits = [hf(**tok(query, d, return_tensors="pt")).logits[0, 0].item() for d in docs]
     want = [1 / (1 + np.exp(-x)) for x in logits]
