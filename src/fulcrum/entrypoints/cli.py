@@ -12,6 +12,7 @@ from fulcrum import __version__
 _SUBCOMMANDS = [
     "fulcrum.entrypoints.cli_generate",  # generate, chat
     "fulcrum.entrypoints.openai.cli_serve",  # serve
+    "fulcrum.entrypoints.openai.run_batch",  # run-batch
     "fulcrum.bench.cli",  # bench serve|offline|cold-start
     "fulcrum.analyze.cli",  # analyze
     "fulcrum.router.cli",  # router

@@ -57,6 +57,78 @@ def _model_name(value: str) -> str:
     return value
 
 
+def add_model_args(s: Any) -> None:
+    """The options of what the API answers, shared by ``serve`` and ``run-batch``: model names,
+    chat template, parsers and request limits."""
+    s.add_argument(
+        "--served-model-name",
+        nargs="+",
+        type=_model_name,
+        default=None,
+        help="Model name(s) clients use; the first is reported in responses "
+        f"(default: the --model argument, or {DEFAULT_MODEL_NAME}).",
+    )
+    s.add_argument(
+        "--chat-template",
+        default=None,
+        help="Chat template (a file path, or the template text itself) replacing the model's; "
+        "compiled at start-up, so a missing file or a syntax error stops the server there.",
+    )
+    s.add_argument(
+        "--tool-call-parser",
+        choices=sorted(PARSERS),
+        default=None,
+        help="How the model writes tool calls (default: chosen from the chat template).",
+    )
+    s.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        default=None,
+        help="Split a reasoning model's thinking (<think>...</think>) into the message's "
+        "reasoning_content: deepseek_r1 (the output may begin inside the thinking) or qwen3 "
+        "(only an output that opens with <think>) (default: the thinking stays in content).",
+    )
+    s.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="Let requests supply their own chat_template (rendered in the sandbox).",
+    )
+    s.add_argument(
+        "--max-n",
+        type=_bounded_int(1, MAX_N),
+        default=MAX_N,
+        help=f"Largest accepted n, at most {MAX_N} (default: %(default)s).",
+    )
+    s.add_argument(
+        "--max-logprobs",
+        type=_bounded_int(0, MAX_LOGPROBS),
+        default=MAX_LOGPROBS,
+        help=f"Largest accepted top_logprobs / logprobs, at most {MAX_LOGPROBS} "
+        "(default: %(default)s).",
+    )
+    s.add_argument(
+        "--max-tokens-default",
+        type=_bounded_int(1, None),
+        default=None,
+        help="Output tokens a chat completion may generate when the request sets no "
+        "max_tokens / max_completion_tokens (default: up to the context length). "
+        "Completions keep OpenAI's default of 16.",
+    )
+    s.add_argument(
+        "--max-tokens-limit",
+        type=_bounded_int(1, None),
+        default=None,
+        help="Largest max_tokens a request may ask for; larger values get 400, and it also "
+        "caps the default (default: no limit beyond the context length).",
+    )
+    s.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="Server log level (default: %(default)s).",
+    )
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve",
@@ -110,39 +182,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="The certificate (PEM, chain included) for --ssl-keyfile.",
     )
     s.add_argument(
-        "--served-model-name",
-        nargs="+",
-        type=_model_name,
-        default=None,
-        help="Model name(s) clients use; the first is reported in responses "
-        f"(default: the --model argument, or {DEFAULT_MODEL_NAME}).",
-    )
-    s.add_argument(
-        "--chat-template",
-        default=None,
-        help="Chat template (a file path, or the template text itself) replacing the model's; "
-        "compiled at start-up, so a missing file or a syntax error stops the server there.",
-    )
-    s.add_argument(
-        "--tool-call-parser",
-        choices=sorted(PARSERS),
-        default=None,
-        help="How the model writes tool calls (default: chosen from the chat template).",
-    )
-    s.add_argument(
-        "--reasoning-parser",
-        choices=sorted(REASONING_PARSERS),
-        default=None,
-        help="Split a reasoning model's thinking (<think>...</think>) into the message's "
-        "reasoning_content: deepseek_r1 (the output may begin inside the thinking) or qwen3 "
-        "(only an output that opens with <think>) (default: the thinking stays in content).",
-    )
-    s.add_argument(
-        "--trust-request-chat-template",
-        action="store_true",
-        help="Let requests supply their own chat_template (rendered in the sandbox).",
-    )
-    s.add_argument(
         "--max-request-bytes",
         type=_bounded_int(MIN_REQUEST_BYTES, None),
         default=8 * 1024 * 1024,
@@ -155,34 +194,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=1024,
         help="Sequences (prompts x n) allowed to wait beyond --max-num-seqs running ones; "
         "more get 429, and a request that could never fit gets 400 (default: %(default)s).",
-    )
-    s.add_argument(
-        "--max-n",
-        type=_bounded_int(1, MAX_N),
-        default=MAX_N,
-        help=f"Largest accepted n, at most {MAX_N} (default: %(default)s).",
-    )
-    s.add_argument(
-        "--max-logprobs",
-        type=_bounded_int(0, MAX_LOGPROBS),
-        default=MAX_LOGPROBS,
-        help=f"Largest accepted top_logprobs / logprobs, at most {MAX_LOGPROBS} "
-        "(default: %(default)s).",
-    )
-    s.add_argument(
-        "--max-tokens-default",
-        type=_bounded_int(1, None),
-        default=None,
-        help="Output tokens a chat completion may generate when the request sets no "
-        "max_tokens / max_completion_tokens (default: up to the context length). "
-        "Completions keep OpenAI's default of 16.",
-    )
-    s.add_argument(
-        "--max-tokens-limit",
-        type=_bounded_int(1, None),
-        default=None,
-        help="Largest max_tokens a request may ask for; larger values get 400, and it also "
-        "caps the default (default: no limit beyond the context length).",
     )
     s.add_argument(
         "--shutdown-timeout",
@@ -205,17 +216,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="Append one JSON line per finished request to this file (traffic log).",
     )
     s.add_argument(
-        "--log-level",
-        default="info",
-        choices=["critical", "error", "warning", "info", "debug"],
-        help="Server log level (default: %(default)s).",
-    )
-    s.add_argument(
         "--access-log",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="Log every HTTP request line.",
     )
+    add_model_args(s)
     ray_cli.add_cli_args(p)
     EngineArgs.add_cli_args(p)
     p.set_defaults(func=run_serve)
