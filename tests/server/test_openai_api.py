@@ -172,6 +172,28 @@ def test_echo_and_token_prompts(client: Any, tokenizer: Any) -> None:
     assert sorted(c.index for c in r2.choices) == [0, 1]
 
 
+def test_tokens_as_token_ids(client: Any, tokenizer: Any) -> None:
+    """``return_tokens_as_token_ids``: logprobs name each token ``token_id:<id>`` (chat, the
+    legacy completions format, streamed), the ids decoding to the text generated."""
+    ids_of = lambda toks: [int(t.removeprefix("token_id:")) for t in toks]  # noqa: E731
+    extra = {"return_tokens_as_token_ids": True}
+    kw: dict[str, Any] = dict(max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+    chat = client.chat.completions.create(model=MODEL, messages=MSG, extra_body=extra, **kw)
+    content = chat.choices[0].logprobs.content
+    assert all(c.token.startswith("token_id:") and c.bytes == list(c.token.encode()) for c in content)
+    assert all(t.token.startswith("token_id:") for c in content for t in c.top_logprobs)
+    assert tokenizer.decode(ids_of([c.token for c in content])) == chat.choices[0].message.content
+    comp = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=5, temperature=0,
+                                     logprobs=2, extra_body=extra)  # fmt: skip
+    lp = comp.choices[0].logprobs
+    assert tokenizer.decode(ids_of(lp.tokens)) == comp.choices[0].text
+    assert all(k.startswith("token_id:") for top in lp.top_logprobs for k in top)
+    chunks = client.completions.create(model=MODEL, prompt="The sky is", max_tokens=5, temperature=0,
+                                       logprobs=0, stream=True, extra_body=extra)  # fmt: skip
+    streamed = [t for ch in chunks if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.tokens]
+    assert streamed == lp.tokens
+
+
 def test_echo_logprobs_score_the_prompt(client: Any, tokenizer: Any) -> None:
     """What evaluation harnesses send to score a text (echo, logprobs, one token out): every
     prompt token after the first gets its logprob and top alternatives, streamed or not, and

@@ -97,6 +97,11 @@ class SamplingRequest(NullIsDefault):
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    return_tokens_as_token_ids: bool = Field(
+        False,
+        description='Logprobs name each token "token_id:<id>" instead of its text: exact for '
+        "tokens that are not valid UTF-8 alone (vLLM's extension).",
+    )
     cache_salt: str | None = Field(
         None, description="Tenant salt: prefix-cache entries are shared only with the same salt."
     )

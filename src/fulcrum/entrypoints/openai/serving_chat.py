@@ -254,7 +254,8 @@ class _ChatCtx(ResponseContext):
     def _logprobs(self, c: CompletionOutput) -> dict[str, Any] | None:
         if not self.req.logprobs:
             return None
-        return {"content": chat_logprobs(c.token_ids, c.logprobs, self.top_n, self.s.tokenizer)}
+        as_ids = self.req.return_tokens_as_token_ids
+        return {"content": chat_logprobs(c.token_ids, c.logprobs, self.top_n, self.s.tokenizer, as_ids)}
 
     async def events(self, gen: AsyncIterator[RequestOutput]) -> AsyncIterator[dict[str, Any]]:
         req = self.req

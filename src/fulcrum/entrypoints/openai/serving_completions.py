@@ -160,6 +160,7 @@ class _CompletionCtx(ResponseContext):
         return completion_logprobs(
             c.token_ids, c.logprobs, self.top_n, self.s.tokenizer, offset,
             p.ids if echo else None, p.prompt_logprobs if echo else None,
+            self.req.return_tokens_as_token_ids,
         )  # fmt: skip
 
     def _usage(self) -> dict[str, Any]:

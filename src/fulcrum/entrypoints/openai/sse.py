@@ -37,7 +37,12 @@ def _lp(x: float) -> float:
     return MIN_LOGPROB if math.isnan(x) or x < MIN_LOGPROB else float(x)
 
 
-def _token_text(entry: TokenLogprob | None, token_id: int, tokenizer: Any) -> str:
+def _token_text(
+    entry: TokenLogprob | None, token_id: int, tokenizer: Any, as_ids: bool = False
+) -> str:
+    """The token as logprobs name it: its text, or ``token_id:<id>`` (``as_ids``)."""
+    if as_ids:
+        return f"token_id:{token_id}"
     if entry is not None and entry.decoded:
         return entry.decoded
     return str(tokenizer.decode([token_id], skip_special_tokens=False))
@@ -48,25 +53,34 @@ def _top(entries: dict[int, TokenLogprob], k: int) -> list[tuple[int, TokenLogpr
     return ranked[:k]
 
 
+def _bytes(tokenizer: Any, token_id: int, text: str, as_ids: bool) -> list[int]:
+    return list(text.encode() if as_ids else token_bytes(tokenizer, token_id, text))
+
+
 def chat_logprobs(
-    token_ids: list[int], logprobs: SampleLogprobs | None, top_n: int, tokenizer: Any
+    token_ids: list[int],
+    logprobs: SampleLogprobs | None,
+    top_n: int,
+    tokenizer: Any,
+    as_ids: bool = False,
 ) -> list[dict[str, Any]]:
-    """``choice.logprobs.content`` entries: token, logprob, bytes, top_logprobs (exactly top_n)."""
+    """``choice.logprobs.content`` entries: token, logprob, bytes, top_logprobs (exactly
+    top_n); ``as_ids``: tokens named ``token_id:<id>``."""
     content: list[dict[str, Any]] = []
     for i, tid in enumerate(token_ids):
         entries = logprobs[i] if logprobs is not None and i < len(logprobs) else {}
         sampled = entries.get(tid)
-        text = _token_text(sampled, tid, tokenizer)
+        text = _token_text(sampled, tid, tokenizer, as_ids)
         tops = []
         for alt_id, alt in _top(entries, top_n):
-            alt_text = _token_text(alt, alt_id, tokenizer)
-            alt_bytes = list(token_bytes(tokenizer, alt_id, alt_text))
+            alt_text = _token_text(alt, alt_id, tokenizer, as_ids)
+            alt_bytes = _bytes(tokenizer, alt_id, alt_text, as_ids)
             tops.append({"token": alt_text, "logprob": _lp(alt.logprob), "bytes": alt_bytes})
         content.append(
             {
                 "token": text,
                 "logprob": _lp(sampled.logprob) if sampled is not None else MIN_LOGPROB,
-                "bytes": list(token_bytes(tokenizer, tid, text)),
+                "bytes": _bytes(tokenizer, tid, text, as_ids),
                 "top_logprobs": tops,
             }
         )
@@ -106,12 +120,14 @@ def completion_logprobs(
     text_offset: int,
     prompt_token_ids: list[int] | None = None,
     prompt_logprobs: list[dict[int, TokenLogprob] | None] | None = None,
+    as_ids: bool = False,
 ) -> dict[str, Any]:
     """Legacy format: tokens, token_logprobs, top_logprobs (top_n plus the sampled token),
     text_offset. Echoed prompt tokens come first: null logprobs for the first, and for every
     one where ``prompt_logprobs`` (one entry per prompt token) is not given. A token's offset counts
     the characters its predecessors' bytes complete: the pieces of one multi-byte character
-    each decode to U+FFFD alone, but are one character of the text."""
+    each decode to U+FFFD alone, but are one character of the text. ``as_ids``: tokens named
+    ``token_id:<id>`` (the offsets still count the text)."""
     tokens: list[str] = []
     token_logprobs: list[float | None] = []
     top_logprobs: list[dict[str, float] | None] = []
@@ -121,22 +137,22 @@ def completion_logprobs(
     for i, tid in enumerate(prompt_token_ids or []):
         text = str(tokenizer.decode([tid], skip_special_tokens=False))
         entries = prompt_logprobs[i] if prompt_logprobs and i < len(prompt_logprobs) else None
-        tokens.append(text)
+        tokens.append(_token_text(None, tid, tokenizer, True) if as_ids else text)
         if entries is None or tid not in entries:
             token_logprobs.append(None)
             top_logprobs.append(None)
         else:
             token_logprobs.append(_lp(entries[tid].logprob))
-            top_logprobs.append(_legacy_top(entries, top_n, tid, text, tokenizer))
+            top_logprobs.append(_legacy_top(entries, top_n, tid, tokenizer, as_ids))
         offsets.append(offset)
         offset += len(utf8.decode(token_bytes(tokenizer, tid, text)))
     for i, tid in enumerate(token_ids):
         entries = logprobs[i] if logprobs is not None and i < len(logprobs) else {}
         sampled = entries.get(tid)
         text = _token_text(sampled, tid, tokenizer)
-        tokens.append(text)
+        tokens.append(_token_text(sampled, tid, tokenizer, as_ids))
         token_logprobs.append(_lp(sampled.logprob) if sampled is not None else MIN_LOGPROB)
-        top_logprobs.append(_legacy_top(entries, top_n, tid, text, tokenizer))
+        top_logprobs.append(_legacy_top(entries, top_n, tid, tokenizer, as_ids))
         offsets.append(offset)
         offset += len(utf8.decode(token_bytes(tokenizer, tid, text)))
     return {
@@ -148,14 +164,14 @@ def completion_logprobs(
 
 
 def _legacy_top(
-    entries: dict[int, TokenLogprob], top_n: int, tid: int, text: str, tokenizer: Any
+    entries: dict[int, TokenLogprob], top_n: int, tid: int, tokenizer: Any, as_ids: bool
 ) -> dict[str, float]:
-    """The legacy format's top logprobs: the ``top_n`` most likely tokens by text, plus the
-    token itself."""
+    """The legacy format's top logprobs: the ``top_n`` most likely tokens by text (or
+    ``token_id:<id>``), plus the token itself."""
     tops: dict[str, float] = {}
     for alt_id, alt in _top(entries, top_n):
-        tops[_token_text(alt, alt_id, tokenizer)] = _lp(alt.logprob)
+        tops[_token_text(alt, alt_id, tokenizer, as_ids)] = _lp(alt.logprob)
     if tid in entries:
-        tops.setdefault(text, _lp(entries[tid].logprob))
+        tops.setdefault(_token_text(entries[tid], tid, tokenizer, as_ids), _lp(entries[tid].logprob))
     return tops
 
