@@ -23,13 +23,15 @@ from fulcrum.sampling_params import SamplingParams
 CORE_FIELDS = (
     "n temperature top_p top_k min_p presence_penalty frequency_penalty repetition_penalty seed "
     "max_tokens min_tokens stop_token_ids ignore_eos logprobs prompt_logprobs all_stop_token_ids "
-    "structured_outputs logit_bias allowed_token_ids"
+    "structured_outputs logit_bias allowed_token_ids bad_words_token_ids"
 ).split()
 _WIRE_TYPES: dict[str, tuple[Any, Any]] = {
     "max_tokens": (int, 16),
     "stop_token_ids": (list[int], msgspec.field(default_factory=list)),
     # Set by the core: the model's EOS ids (min_tokens masks them, ignore_eos skips them).
     "all_stop_token_ids": (list[int], msgspec.field(default_factory=list)),
+    # ``bad_words`` as token ids, read by the frontend's tokenizer
+    "bad_words_token_ids": (list[list[int]], msgspec.field(default_factory=list)),
 }
 
 
@@ -64,6 +66,7 @@ def to_wire(params: SamplingParams, max_tokens: int) -> WireSamplingParams:
     fields["max_tokens"] = max(1, max_tokens)
     fields["stop_token_ids"] = list(params.stop_token_ids or [])
     fields["all_stop_token_ids"] = sorted(params.all_stop_token_ids)
+    fields["bad_words_token_ids"] = [list(w) for w in params.bad_words_token_ids]
     so = params.structured_outputs
     if so is not None and so.kind == "json" and not isinstance(so.json, str):
         # A schema travels as its JSON text: msgpack holds no integer past 64 bits, and a

@@ -78,13 +78,14 @@ class Request:
         # with the first output, then dropped)
         self.prompt_logprobs: list[Any] | None = [] if params.prompt_logprobs is not None else None
         self.pooled: bytes | None = None  # an embedding model's vector (float32), until sent
-        # Sampling needs no host-side history (penalties, min_tokens), so the next step can be
-        # scheduled before this one's token is known.
+        # Sampling needs no host-side history (penalties, min_tokens, a bad word of several
+        # tokens), so the next step can be scheduled before this one's token is known.
         self.overlap_safe = (
             params.repetition_penalty == 1.0
             and params.presence_penalty == 0.0
             and params.frequency_penalty == 0.0
             and params.min_tokens == 0
+            and not any(len(w) > 1 for w in params.bad_words_token_ids)
         )
         # Structured output: the grammar compiling off the loop, then this sequence's matcher
         # (advanced on every appended token; the step's bitmask is filled from it). Typed Any:

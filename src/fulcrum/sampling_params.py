@@ -118,8 +118,14 @@ class SamplingParams:
     # prompt that outgrows the context (a long RAG context, a long chat) loses its oldest tokens
     # instead of failing. Applied where the prompt is tokenized, not in the engine core.
     truncate_prompt_tokens: int | None = None
+    # Words that must not be generated (vLLM's ``bad_words``): a word's last token is banned
+    # where the tokens before it were just generated; each word is read with and without a
+    # leading space, as it appears mid-text.
+    bad_words: list[str] | None = None
     # Filled by the engine: EOS ids of the model (not part of the user surface).
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    # Filled where the prompt is tokenized (``tokenize_bad_words``): ``bad_words`` as token ids.
+    bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -187,6 +193,11 @@ class SamplingParams:
             not allowed or any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in allowed)
         ):
             raise bad("allowed_token_ids", "must be a non-empty list of non-negative token ids.")
+        if self.bad_words is not None and (
+            isinstance(self.bad_words, str)
+            or any(not isinstance(w, str) or not w.strip() for w in self.bad_words)
+        ):
+            raise bad("bad_words", "must be a list of non-empty strings.")
         for t, b in (self.logit_bias or {}).items():
             if not isinstance(t, int) or isinstance(t, bool) or t < 0:
                 raise bad("logit_bias", f"keys must be non-negative token ids, got {t!r}.")
@@ -210,3 +221,21 @@ def truncate_prompt(
     beside ``max_tokens``, or beside one token), or all of them (None)."""
     n = max_model_len - (max_tokens or 1) if keep == -1 else keep
     return ids if n is None or len(ids) <= n else ids[-n:]
+
+
+def tokenize_bad_words(params: SamplingParams, tokenizer: Any) -> None:
+    """Fill ``params.bad_words_token_ids`` from ``params.bad_words``: each word as it starts a
+    text and, where that differs, after a space (vLLM's reading). ValueError naming the field
+    without a tokenizer."""
+    if not params.bad_words:
+        return
+    if tokenizer is None:
+        raise ValueError("bad_words: this model has no tokenizer to read them with; pass "
+                         "logit_bias or allowed_token_ids instead.")  # fmt: skip
+    seqs: list[list[int]] = []
+    for word in params.bad_words:
+        for prefix in ("", " "):
+            ids = list(tokenizer(prefix + word.lstrip(), add_special_tokens=False).input_ids)
+            if ids and ids not in seqs:
+                seqs.append(ids)
+    params.bad_words_token_ids = seqs

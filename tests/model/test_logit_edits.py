@@ -120,3 +120,33 @@ def test_allowed_token_ids_hold_every_sampler(tiny_models, case):
     assert len(set(outs[0].token_ids)) > 2  # drawn among them, not stuck on one
     # the logprobs are those of the restricted distribution: all mass on the allowed ids
     assert all(set(lp) <= set(ALLOWED) for lp in outs[1].logprobs)
+
+
+def test_bad_words_match_transformers_and_hold_under_speculation(tiny_models):
+    """``bad_words`` (as token ids, what the frontend's tokenizer makes of them): a one-token
+    word never drawn, a two-token word's last token banned right after its first; greedy
+    tokens equal transformers' ``bad_words_ids`` (the words chosen inside the output, so that
+    both read the same history), with asynchronous scheduling asked for and with n-gram
+    speculation (such a request makes no guesses)."""
+    prompts = spec_prompts(2)[:3]
+    plain = hf_greedy(tiny_models["llama"], prompts, MAX_NEW)
+    words = [[[plain[0][1]]], [[plain[1][3], plain[1][4]]], None]  # per prompt
+    assert prompts[1][-1] != plain[1][3]  # the two-token word does not start in the prompt
+    ref = []
+    for p, w in zip(prompts, words, strict=True):
+        ref += hf_greedy(tiny_models["llama"], [p], MAX_NEW, **({"bad_words_ids": w} if w else {}))
+    assert ref[0] != plain[0] and ref[1] != plain[1] and ref[2] == plain[2]
+
+    def params() -> list[SamplingParams]:
+        out = []
+        for w in words:
+            sp = SamplingParams(temperature=0, max_tokens=MAX_NEW)
+            sp.bad_words_token_ids = w or []
+            out.append(sp)
+        return out
+
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+             "prompt_lookup_min": 1}  # fmt: skip
+    for extra in ({"async_scheduling": "on"}, {"speculative_config": ngram}):
+        llm = LLM(tiny_models["llama"], **KW, **extra)
+        assert toks(llm.generate(prompts, params(), use_tqdm=False)) == ref, extra

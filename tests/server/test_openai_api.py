@@ -194,6 +194,23 @@ def test_tokens_as_token_ids(client: Any, tokenizer: Any) -> None:
     assert streamed == lp.tokens
 
 
+def test_bad_words(client: Any, server: Server) -> None:
+    """``bad_words``: read with the model's tokenizer; the greedy answer's word never appears
+    once banned (chat and completions); a bad list is a 400 naming the field."""
+    kw: dict[str, Any] = dict(model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0)
+    plain = client.completions.create(**kw).choices[0].text
+    word = plain.split()[0].strip(".,")
+    banned = client.completions.create(**kw, extra_body={"bad_words": [word]}).choices[0].text
+    assert word in plain and word not in banned
+    chat = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=8, temperature=0)
+    first = chat.choices[0].message.content.split()[0]
+    again = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=8, temperature=0,
+                                           extra_body={"bad_words": [first]})  # fmt: skip
+    assert not again.choices[0].message.content.startswith(first)
+    status, err = server.json("POST", "/v1/completions", {"prompt": "Hi", "bad_words": [" "]})
+    assert status == 400 and err["error"]["param"] == "bad_words"
+
+
 def test_echo_logprobs_score_the_prompt(client: Any, tokenizer: Any) -> None:
     """What evaluation harnesses send to score a text (echo, logprobs, one token out): every
     prompt token after the first gets its logprob and top alternatives, streamed or not, and

@@ -43,7 +43,7 @@ from fulcrum.protocol import (
     SchedulerStats,
     to_wire,
 )
-from fulcrum.sampling_params import SamplingParams
+from fulcrum.sampling_params import SamplingParams, tokenize_bad_words
 
 logger = logging.getLogger(__name__)
 
@@ -242,6 +242,8 @@ class AsyncEngine:
         if request_id in self._states:
             raise ValueError(f"request_id {request_id!r} is already in flight.")
         arrival = arrival_time if arrival_time is not None else time.time()
+        if params.bad_words and not params.bad_words_token_ids:
+            tokenize_bad_words(params, self.tokenizer)
         max_tokens = params.max_tokens or max(self.max_model_len - len(prompt_token_ids), 1)
         state = _RequestState(arrival, len(prompt_token_ids), params.n)
         self._states[request_id] = state

@@ -25,7 +25,7 @@ from fulcrum.entrypoints.embedding import (
 )
 from fulcrum.model.loader.tokenizer import load_tokenizer
 from fulcrum.protocol import EngineCoreRequest, to_wire
-from fulcrum.sampling_params import SamplingParams, truncate_prompt
+from fulcrum.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
 
 Prompt = str | list[int] | dict[str, Any]
 
@@ -252,6 +252,7 @@ class LLM:
             text = None  # the text no longer matches the ids
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         rid = str(next(self._ids))
+        tokenize_bad_words(sp, self.tokenizer)
         wire = to_wire(sp, resolve_max_tokens(sp, len(ids), self.max_model_len))
         self.core.add_request(
             EngineCoreRequest(

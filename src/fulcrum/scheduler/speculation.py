@@ -17,7 +17,8 @@ def propose_for(
 ) -> list[int]:
     """Guesses for a decoding request, within the step's token budget, its max_tokens and the
     model's length. None in a batch larger than ``disable_by_batch_size``, and none where the
-    sampler needs each position's own history (penalties; min_tokens not reached yet), which a
+    sampler needs each position's own history (penalties; min_tokens not reached yet; a bad
+    word of several tokens), which a
     verify step's rows, all sampled with the history before the step, would not have; none for
     a request under a grammar, whose mask is filled for one position per step."""
     if req.num_pending or not req.prefill_done or num_running > config.disable_by_batch_size:
@@ -30,6 +31,7 @@ def propose_for(
         or sp.presence_penalty != 0.0
         or sp.frequency_penalty != 0.0
         or req.num_output_tokens < sp.min_tokens
+        or any(len(w) > 1 for w in sp.bad_words_token_ids)
     ):
         return []
     k = min(

@@ -90,7 +90,10 @@ def verify_step(
     dev = logits.device
     if bitmask is not None:
         logits = apply_bitmask(logits, bitmask)
-    logits = apply_logit_edits(logits, [st.edits for st in rows_states])
+    # (a request whose bad words read its history makes no guesses: one row, its own output)
+    logits = apply_logit_edits(
+        logits, [st.edits for st in rows_states], [st.output_token_ids for st in rows_states]
+    )
     meta = sampling.metadata(rows_states)
     n, k = len(num_guesses), max(num_guesses)
     starts = np.concatenate([[0], np.cumsum(np.asarray(num_guesses) + 1)[:-1]])

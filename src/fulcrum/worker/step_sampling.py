@@ -79,7 +79,9 @@ class StepSampler:
             greedy = None  # a decode graph's argmax saw the unmasked logits
         if any(st.edits is not None for st in states):
             assert not graph_sampled, "a decode graph drew rows whose logits are edited"
-            logits = apply_logit_edits(logits, [st.edits for st in states])
+            logits = apply_logit_edits(
+                logits, [st.edits for st in states], [st.output_token_ids for st in states]
+            )
             greedy = None  # nor the edits
         extra: list[torch.Tensor] = []
         kc = self.kernel_config

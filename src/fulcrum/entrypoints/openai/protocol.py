@@ -114,6 +114,11 @@ class SamplingRequest(NullIsDefault):
     allowed_token_ids: list[TokenId] | None = Field(
         None, description="The only token ids that may be generated (vLLM's extension)."
     )
+    bad_words: list[str] | None = Field(
+        None,
+        description="Words that must not be generated: a word's last token is banned where "
+        "its other tokens were just generated (vLLM's extension).",
+    )
     priority: int = Field(
         0,
         ge=INT64_MIN,

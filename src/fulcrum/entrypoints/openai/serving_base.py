@@ -27,7 +27,12 @@ from fulcrum.entrypoints.openai.errors import (
 from fulcrum.entrypoints.openai.limits import MAX_PROMPTS_PER_REQUEST
 from fulcrum.entrypoints.openai.protocol import SamplingRequest
 from fulcrum.entrypoints.openai.request_log import RequestLog, RequestRecord
-from fulcrum.sampling_params import SamplingParams, StructuredOutputsParams, truncate_prompt
+from fulcrum.sampling_params import (
+    SamplingParams,
+    StructuredOutputsParams,
+    tokenize_bad_words,
+    truncate_prompt,
+)
 
 T = TypeVar("T")
 
@@ -342,7 +347,7 @@ class OpenAIServing:
         if top_k > self.engine.vocab_size:
             top_k = -1  # keeping the whole vocabulary is the same as no top-k
         try:
-            return SamplingParams(
+            params = SamplingParams(
                 n=req.n,
                 temperature=req.temperature,
                 top_p=req.top_p,
@@ -364,7 +369,10 @@ class OpenAIServing:
                 structured_outputs=structured,
                 logit_bias=self.logit_bias(req),
                 allowed_token_ids=req.allowed_token_ids,
+                bad_words=req.bad_words,
             )
+            tokenize_bad_words(params, self.tokenizer)
+            return params
         except ValueError as e:
             raise value_error(e) from None
 
