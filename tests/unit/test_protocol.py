@@ -15,7 +15,8 @@ def test_wire_fields_follow_sampling_params():
     assert WireSamplingParams.__struct_fields__ == tuple(CORE_FIELDS)
     user = {f.name: f.default for f in dataclasses.fields(SamplingParams)}
     wire = WireSamplingParams()
-    resolved = {"stop_token_ids": [], "all_stop_token_ids": []}  # None / empty set as lists
+    # None / empty set (or a default factory) as lists
+    resolved = {"stop_token_ids": [], "all_stop_token_ids": [], "bad_words_token_ids": []}
     for name in CORE_FIELDS:
         assert getattr(wire, name) == resolved.get(name, user[name]), name
 
