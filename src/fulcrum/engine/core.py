@@ -150,9 +150,9 @@ class EngineCore:
 
     def _check_lora_updates(self) -> None:
         if not self.config.lora_config.runtime_updates:
-            raise ValueError("lora: adapters are fixed at start here; start the engine with "
-                             "allow_runtime_lora_updates (--allow-runtime-lora-updates) to "
-                             "load and unload them while serving.")  # fmt: skip
+            raise ValueError("allow_runtime_lora_updates is off: adapters are fixed at start; "
+                             "start the engine with it (--allow-runtime-lora-updates) to load "
+                             "and unload them while serving.")  # fmt: skip
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None

@@ -114,7 +114,9 @@ class Scheduler:
                 f"prompt: {len(prompt)} tokens; this encoder runs each prompt whole in one step "
                 f"of at most max_num_batched_tokens={self.config.max_num_batched_tokens}."
             )
-        for name, ids in (("logit_bias", sp.logit_bias), ("allowed_token_ids", sp.allowed_token_ids)):
+        words = [t for w in sp.bad_words_token_ids for t in w]
+        for name, ids in (("logit_bias", sp.logit_bias), ("allowed_token_ids", sp.allowed_token_ids),
+                          ("bad_words", words)):  # fmt: skip
             bad = [t for t in ids or () if t >= self.vocab_size]
             if bad:
                 raise ValueError(
