@@ -145,6 +145,19 @@ def make_app(state: FakeState) -> FastAPI:
     async def chat(request: Request):
         return await generate(request, "chat")
 
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        body = await request.json()
+        state.bodies.append(body)
+        state.requests += 1
+        inp = body.get("input", "")
+        n = len(inp) if isinstance(inp, list) else len(str(inp).split())
+        state.prompt_tokens += n
+        await asyncio.sleep(state.ttft_s)
+        return {"object": "list", "model": MODEL,
+                "data": [{"object": "embedding", "index": 0, "embedding": [0.6, 0.8]}],
+                "usage": {"prompt_tokens": n, "total_tokens": n}}  # fmt: skip
+
     return app
 
 

@@ -36,6 +36,21 @@ def test_random_concurrency_sweep(fake_server: FakeServer, tmp_path: Path, capsy
     assert body["stream_options"] == {"include_usage": True}
 
 
+def test_embeddings_endpoint(fake_server: FakeServer, tmp_path: Path, capsys) -> None:
+    """``--endpoint embeddings``: each prompt embedded (no stream, nothing generated); its
+    latency is the TTFT, input tokens come from the server's usage."""
+    out = tmp_path / "e.json"
+    argv = _serve(fake_server.url, out, "--endpoint", "embeddings", "--num-prompts", "4")
+    argv += ["--random-input-len", "12", "--max-concurrency", "2"]
+    rc, stdout, err = run_cli(argv, capsys)
+    assert rc == 0, err
+    (p,) = check_results(out, num_points=1, requests_per_point=4)["points"]
+    assert p["failed"] == 0 and p["total_input_tokens"] == 4 * 12 and p["total_output_tokens"] == 0
+    assert p["ttft_ms"]["p50"] >= 5.0  # the stub's delay
+    body = fake_server.state.bodies[-1]
+    assert isinstance(body["input"], list) and "stream" not in body and "max_tokens" not in body
+
+
 def test_prefix_repetition_poisson_chat(fake_server: FakeServer, tmp_path: Path, capsys) -> None:
     out = tmp_path / "p.json"
     argv = _serve(fake_server.url, out, "--endpoint", "chat", "--dataset-name", "prefix-repetition")

@@ -32,7 +32,8 @@ class Endpoint:
     timeout_s: float = 600.0
 
     def url(self, kind: str) -> str:
-        path = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}[kind]
+        path = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
+                "embeddings": "/v1/embeddings"}[kind]  # fmt: skip
         return self.base_url + path
 
     def headers(self) -> dict[str, str]:
@@ -92,6 +93,8 @@ async def send_request(
     tokenizer: Any | None = None,
 ) -> RequestResult:
     """POST ``payload`` with streaming on; never raises for request-level failures."""
+    if kind == "embeddings":
+        return await _embed_request(client, ep, payload, prompt_len)
     body = {**payload, "model": ep.model, "stream": True}
     body["stream_options"] = {"include_usage": True}
     res = RequestResult(prompt_len=prompt_len)
@@ -167,6 +170,38 @@ async def send_request(
             res.output_len = len(chunks)
     if res.output_len > 0 and not chunks:
         res.ttft = res.latency  # tokens without text (e.g. only special tokens)
+    res.success = True
+    return res
+
+
+async def _embed_request(
+    client: httpx.AsyncClient, ep: Endpoint, payload: dict[str, Any], prompt_len: int
+) -> RequestResult:
+    """One embeddings request (no stream): its latency stands for TTFT, nothing is generated."""
+    res = RequestResult(prompt_len=prompt_len)
+    st = res.start_time = time.perf_counter()
+    try:
+        resp = await client.post(ep.url("embeddings"), json={**payload, "model": ep.model},
+                                 headers=ep.headers(), timeout=ep.timeout_s)  # fmt: skip
+    except httpx.TimeoutException:
+        res.error = f"timed out after {ep.timeout_s:g} s"
+        return res
+    except httpx.HTTPError as e:
+        res.error = f"{type(e).__name__}: {str(e) or 'connection failed'}"
+        return res
+    res.latency = res.ttft = time.perf_counter() - st
+    if resp.status_code != 200:
+        res.error = _error_line(resp.status_code, resp.text)
+        return res
+    try:
+        body = resp.json()
+        assert isinstance(body["data"], list) and body["data"]
+    except (ValueError, KeyError, TypeError, AssertionError):
+        res.error = "not an OpenAI embeddings response (no 'data' list)"
+        return res
+    usage = body.get("usage") or {}
+    if usage.get("prompt_tokens") is not None:
+        res.prompt_len = int(usage["prompt_tokens"])
     res.success = True
     return res
 

@@ -50,6 +50,13 @@ def build_payload(
     """(endpoint kind, JSON body without model/stream) for turn ``turn_idx`` of ``session``."""
     kind = session.endpoint or cfg.kind
     turn = session.turns[turn_idx]
+    if kind == "embeddings":  # the turn's prompt (after any shared prefix), nothing generated
+        prompt = turn.prompt
+        if isinstance(session.system, list) and isinstance(prompt, list):
+            prompt = session.system + prompt
+        elif session.system is not None:
+            prompt = _text(session.system, tokenizer) + _text(prompt, tokenizer)
+        return kind, {"input": prompt, **cfg.extra_body}
     body: dict[str, Any] = {"max_tokens": turn.output_len, "temperature": cfg.temperature}
     if cfg.ignore_eos:
         body["ignore_eos"] = True

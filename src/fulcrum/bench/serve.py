@@ -46,9 +46,10 @@ def add_serve_parser(sub: Any) -> None:
     )
     s.add_argument(
         "--endpoint",
-        choices=("completions", "chat"),
+        choices=("completions", "chat", "embeddings"),
         default="completions",
-        help="OpenAI endpoint to call (default completions).",
+        help="OpenAI endpoint to call (default completions); embeddings: each prompt embedded, "
+        "its latency reported as TTFT, nothing generated.",
     )
     s.add_argument(
         "--model", default=None, help="Model name to send (default: the first one of /v1/models)."
