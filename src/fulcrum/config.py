@@ -137,6 +137,9 @@ class CacheConfig:
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
     cache_dtype: str = "auto"  # "auto" (the model's dtype) or "fp8" (see kv_cache.dtype)
+    # GiB of host memory that keeps prefix blocks the device cache evicts (0: none; see
+    # kv_cache/host_tier.py): a later request with that prefix copies them back
+    host_kv_cache_memory: float = 0.0
 
     def __post_init__(self) -> None:
         from fulcrum.kv_cache.dtype import KV_CACHE_DTYPES
@@ -156,6 +159,13 @@ class CacheConfig:
             raise ValueError(f"kv_cache_memory must be positive GiB, got {self.kv_cache_memory}.")
         if self.num_blocks is not None and self.num_blocks < 2:
             raise ValueError(f"num_blocks must be at least 2, got {self.num_blocks}.")
+        if self.host_kv_cache_memory < 0:
+            raise ValueError(
+                f"host_kv_cache_memory must be >= 0 GiB, got {self.host_kv_cache_memory}."
+            )
+        if self.host_kv_cache_memory and not self.enable_prefix_caching:
+            raise ValueError("host_kv_cache_memory: keeps evicted prefix-cache blocks; it needs "
+                             "enable_prefix_caching.")  # fmt: skip
 
 
 # The step budget when none is given. A large GPU takes fewer, larger prefill steps: under load

@@ -120,6 +120,7 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     num_preemptions_total: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up (cumulative)
     prefix_cache_hits: int = 0  # prompt tokens found (cumulative)
+    prefix_cache_host_hits: int = 0  # of those, found in the host tier and copied back
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     # speculative decoding (cumulative): verify steps with guesses, guesses, guesses accepted,

@@ -497,3 +497,23 @@ def test_encoder_embeddings_on_cuda(tmp_path) -> None:
             w = (w / w.norm()).cpu()
             torch.testing.assert_close(torch.tensor(o.outputs.embedding), w, atol=tol, rtol=tol)
         del llm
+
+
+def test_host_tier_on_cuda(tiny_llama: str) -> None:
+    """Prefixes evicted from a small device pool come back from pinned host memory (copies on
+    the step's stream, before its forward): greedy tokens equal an engine without the prefix
+    cache, with asynchronous scheduling and CUDA graphs."""
+    g = torch.Generator().manual_seed(12)
+    convs = [torch.randint(5, 320, (40,), generator=g).tolist() for _ in range(6)]
+    turns = [c + torch.randint(5, 320, (6,), generator=g).tolist() for c in convs]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    plain = LLM(tiny_llama, device="cuda", dtype="float32", enable_prefix_caching=False,
+                num_kv_blocks=512)  # fmt: skip
+    want = [list(o.outputs[0].token_ids) for o in plain.generate(convs + turns, params, use_tqdm=False)]
+    del plain
+    llm = LLM(tiny_llama, device="cuda", dtype="float32", block_size=16, num_kv_blocks=12,
+              max_num_seqs=2, host_kv_cache_memory=0.01)  # fmt: skip
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(convs, params, use_tqdm=False)]
+    got += [list(o.outputs[0].token_ids) for o in llm.generate(turns, params, use_tqdm=False)]
+    assert got == want
+    assert llm.stats()["prefix_cache_host_hits"] > 0

@@ -96,3 +96,24 @@ def test_600_token_shared_prefix_reports_cached_tokens(smollm_tokenizer):
     b = llm.generate([prefix + q2], params, use_tqdm=False)[0]
     assert a.num_cached_tokens == 0
     assert b.num_cached_tokens >= 600 // 16 * 16
+
+
+@pytest.mark.parametrize("async_scheduling", ["off", "on"])
+def test_host_tier_serves_evicted_prefixes(tiny_models, async_scheduling):
+    """A device pool too small for every conversation's prefix, over a host tier: the prefixes
+    evicted while others run are copied to host memory and back when their prompts return
+    (multi-turn: each turn repeats the conversation so far); greedy tokens equal transformers'
+    throughout, and the prompts found on the host count in the stats."""
+    rng = random.Random(5)
+    convs = [[rng.randrange(3, 320) for _ in range(40)] for _ in range(4)]
+    turns = [c + [rng.randrange(3, 320) for _ in range(6)] for c in convs]
+    ref = hf_greedy(tiny_models["llama"], convs + turns, 12)
+    llm = LLM(tiny_models["llama"], device="cpu", dtype="float32", block_size=4, num_kv_blocks=32,
+              max_num_seqs=2, host_kv_cache_memory=0.001, async_scheduling=async_scheduling)  # fmt: skip
+    assert llm.core.runner.num_host_blocks > 0
+    out = _tokens(llm.generate(convs, GREEDY, use_tqdm=False))
+    out += _tokens(llm.generate(turns, GREEDY, use_tqdm=False))
+    assert out == ref
+    stats = llm.stats()
+    assert stats["prefix_cache_host_hits"] >= 4 * 36  # most of each conversation came back
+    llm.core.scheduler.kv.check_integrity()

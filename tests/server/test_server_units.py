@@ -129,6 +129,7 @@ def test_metrics_registry() -> None:
             num_blocks_free=7,
             prefix_cache_queries=30,
             prefix_cache_hits=12,
+            prefix_cache_host_hits=4,
         )
     )
     m.on_prompt(5)
@@ -141,6 +142,7 @@ def test_metrics_registry() -> None:
         'fulcrum:num_requests_running{model_name="m"} 2.0',
         'fulcrum:kv_cache_blocks_free{model_name="m"} 7.0',
         'fulcrum:prefix_cache_hits_total{model_name="m"} 12.0',
+        'fulcrum:prefix_cache_host_hits_total{model_name="m"} 4.0',
         'fulcrum:prompt_tokens_total{model_name="m"} 5.0',
         'fulcrum:generation_tokens_total{model_name="m"} 3.0',
         'fulcrum:time_to_first_token_seconds_count{model_name="m"} 1.0',

@@ -107,3 +107,83 @@ def test_manager_random_workload(ops, prefix_caching):
     assert kv.num_available == kv.num_blocks
     if kv.tree is not None:
         assert kv.tree.protected_size == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_host_tier_hands_out_blocks_holding_the_prefix(ops):
+    """A small device pool over a host tier, each block's content modelled as the prefix it
+    holds (the KV of a block depends on every token before it): the copies the manager records,
+    made in order before each step's writes, bring back exactly the prefix a match hands out,
+    whether its blocks stayed on the device or came back from the host."""
+    bs = 2
+    kv = KVCacheManager(num_blocks=10, block_size=bs, enable_prefix_caching=True, host_blocks=8)
+    dev: dict[int, tuple] = {}
+    host: dict[int, tuple] = {}
+    live: dict[int, list[int]] = {}
+
+    def copies() -> None:
+        for kind, src, dst in kv.take_copies():
+            a, b = (dev, host) if kind == "d2h" else (host, dev)
+            for s, d in zip(src, dst, strict=True):
+                b[d] = a[s]
+
+    def write(slot: int, toks: list[int], start: int) -> None:  # the forward, after the copies
+        table = kv.block_table(f"r{slot}")
+        for i in range(start // bs, -(-len(toks) // bs)):
+            dev[table[i]] = (slot % 2, tuple(toks[: (i + 1) * bs]))
+
+    for op, slot, toks in ops:
+        rid = f"r{slot}"
+        if op == "add" and slot not in live:
+            prompt = [toks[0] % 2] + toks
+            blocks, node = kv.match_prefix(prompt, extra_key=slot % 2)
+            copies()
+            for i, b in enumerate(blocks):
+                assert dev[b] == (slot % 2, tuple(prompt[: (i + 1) * bs]))
+            kv.admit(rid, blocks, node)
+            if kv.allocate_slots(rid, len(prompt)):
+                copies()
+                write(slot, prompt, len(blocks) * bs)
+                live[slot] = prompt
+                kv.cache_blocks(rid, prompt, len(prompt), slot % 2)
+            else:
+                kv.free(rid)
+                copies()
+        elif op == "grow" and slot in live:
+            new = live[slot] + toks
+            if kv.allocate_slots(rid, len(new)):
+                copies()
+                write(slot, new, len(live[slot]))
+                live[slot] = new
+                kv.cache_blocks(rid, new, len(new), slot % 2)
+            copies()
+        elif op in ("finish", "abort") and slot in live:
+            kv.free(rid)
+            del live[slot]
+        elif op == "evict":
+            kv.tree.evict(slot)
+            copies()
+        kv.check_integrity()
+
+
+def test_host_tier_keeps_an_evicted_prefix():
+    """A prefix the device evicts is copied to the host (with its ancestors, once) and copied
+    back into fresh device blocks when a later prompt starts with it."""
+    kv = KVCacheManager(num_blocks=4, block_size=2, enable_prefix_caching=True, host_blocks=8)
+    a = [1, 2, 3, 4, 5]
+    kv.admit("a", *kv.match_prefix(a, None))
+    assert kv.allocate_slots("a", 5)
+    kv.cache_blocks("a", a, 5, None)
+    a_blocks = kv.block_table("a")[:2]
+    kv.free("a")
+    kv.admit("b", *kv.match_prefix([7, 8, 9, 10, 11, 12, 13], None))
+    assert kv.allocate_slots("b", 7)  # all four blocks: a's cached two are evicted
+    ((kind, src, dst),) = kv.take_copies()
+    assert kind == "d2h" and src == a_blocks and len(dst) == 2
+    kv.free("b")
+    blocks, node = kv.match_prefix(a + [6], None)
+    assert len(blocks) == 2 and kv.host is not None and kv.host.hit_tokens == 4
+    assert kv.take_copies() == [("h2d", dst, blocks)]
+    kv.admit("a2", blocks, node)
+    kv.check_integrity()

@@ -55,6 +55,10 @@ _HELP = {
     "max_model_len": "Maximum context length (prompt + output). Default: the model's, capped by "
     "what the KV cache holds.",
     "kv_cache_memory": "KV-cache size in GiB (default on CPU: 2 GiB).",
+    "host_kv_cache_memory": "GiB of host memory (pinned on CUDA) under the prefix cache: blocks "
+    "the device evicts are copied there, and a later request with that prefix gets them copied "
+    "back instead of recomputed (multi-turn chats, RAG contexts that outgrow the device); 0: "
+    "off. Not with a draft model or sliding-window layers.",
     "gpu_memory_utilization": "Fraction of GPU memory fulcrum may use (weights + activations + KV).",
     "num_kv_blocks": "Exact number of KV-cache blocks (overrides the memory-based sizing).",
     "quantization": "Weight quantization of the decoder's linear layers: none, or fp8 (float8 "
@@ -201,6 +205,7 @@ class EngineArgs:
     max_num_batched_tokens: int | None = None  # None: default_max_num_batched_tokens(device)
     max_model_len: int | None = None
     kv_cache_memory: float | None = None
+    host_kv_cache_memory: float = 0.0
     gpu_memory_utilization: float = 0.9
     num_kv_blocks: int | None = None
     quantization: str = "none"
@@ -388,6 +393,7 @@ class EngineArgs:
             num_blocks=self.num_kv_blocks,
             enable_prefix_caching=self.enable_prefix_caching,
             cache_dtype=self.kv_cache_dtype,
+            host_kv_cache_memory=self.host_kv_cache_memory,
         )
         scheduler_config = SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
@@ -395,7 +401,7 @@ class EngineArgs:
             max_model_len=model_config.max_model_len,
             schedule_policy=self.schedule_policy,
         )
-        return EngineConfig(
+        config = EngineConfig(
             model_config=model_config,
             cache_config=cache_config,
             scheduler_config=scheduler_config,
@@ -411,6 +417,15 @@ class EngineArgs:
             parallel_config=parallel_config,
             lora_config=lora_config,
         )
+        if self.host_kv_cache_memory:
+            from fulcrum.engine.core import engine_kv_window
+
+            # the tier copies the model's own KV blocks: a draft's pool would go stale, and a
+            # window's released blocks are no cached prefix
+            if draft_model_config is not None or engine_kv_window(config) is not None:
+                raise ValueError("host_kv_cache_memory: not supported with a draft model or "
+                                 "sliding-window layers yet.")  # fmt: skip
+        return config
 
 
 def _check_pooling(spec: SpeculativeConfig | None) -> None:

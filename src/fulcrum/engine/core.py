@@ -97,6 +97,7 @@ class EngineCore:
             loras=self.loras,
             whole_prompt=pooler is not None and pooler.whole_prompt,
             unchunked=pooler is not None and pooler.bidirectional,
+            host_blocks=self.runner.num_host_blocks,
         )
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s); max_model_len %d holds %.1f "

@@ -25,6 +25,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from fulcrum.kv_cache.block_pool import BlockPool
+from fulcrum.kv_cache.host_tier import HostTier, KVCopy
 from fulcrum.kv_cache.radix_cache import RadixCache, TreeNode
 
 
@@ -43,11 +44,16 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool,
         sliding_window: int | None = None,
+        host_blocks: int = 0,  # the host tier's blocks (host_tier.py; 0: none)
     ) -> None:
         self.block_size = block_size
         self.sliding_window = sliding_window
         self.pool = BlockPool(num_blocks)
         self.tree = RadixCache(self.pool, block_size) if enable_prefix_caching else None
+        self.host: HostTier | None = None
+        if host_blocks and self.tree is not None:
+            self.host = HostTier(host_blocks, block_size)
+            self.tree.on_evict = self._back_up
         self._reqs: dict[str, _ReqBlocks] = {}
         self.prefix_queries = 0  # prompt tokens looked up
         self.prefix_hits = 0  # prompt tokens found
@@ -88,10 +94,46 @@ class KVCacheManager:
     # -- admission ----------------------------------------------------------------------------
 
     def match_prefix(self, prompt: Sequence[int], extra_key: Hashable) -> tuple[list[int], TreeNode | None]:
-        """Cached blocks for ``prompt`` (never its last token: that one's logits are needed)."""
+        """Cached blocks for ``prompt`` (never its last token: that one's logits are needed).
+        Blocks found only in the host tier are copied back into fresh device blocks first,
+        where the device can make room for them."""
         if self.tree is None or len(prompt) < 2:
             return [], None
-        return self.tree.match_prefix(prompt[: len(prompt) - 1], extra_key)
+        tokens = prompt[: len(prompt) - 1]
+        blocks, node = self.tree.match_prefix(tokens, extra_key)
+        if self.host is None:
+            return blocks, node
+        held, host_node = self.host.match(tokens, extra_key)
+        need = len(held) - len(blocks)
+        if need <= 0:
+            return blocks, node
+        # neither path may be evicted while room is made (evicting backs blocks up to the host)
+        self.tree.inc_lock_ref(node)
+        self.host.tree.inc_lock_ref(host_node)
+        try:
+            if need > self.pool.num_free:
+                self.tree.evict(min(need - self.pool.num_free, self.tree.evictable_size))
+            if need > self.pool.num_free:
+                return blocks, node
+            new = self.pool.allocate(need)
+            self.host.copies.append(("h2d", held[len(blocks) :], new))
+            full = len(held) * self.block_size
+            leaf = self.tree.insert(tokens[:full], blocks + new, extra_key, start=(node, len(blocks)))
+            self.pool.decref(new)  # the tree owns them until a request takes them
+            self.host.hit_tokens += need * self.block_size
+            return blocks + new, leaf
+        finally:
+            self.host.tree.dec_lock_ref(host_node)
+            self.tree.dec_lock_ref(node)
+
+    def _back_up(self, node: TreeNode) -> None:
+        assert self.tree is not None and self.host is not None
+        tokens, blocks, extra_key = self.tree.path(node)
+        self.host.back_up(tokens, blocks, extra_key)
+
+    def take_copies(self) -> list[KVCopy]:
+        """The block copies between the tiers recorded since the last call, in order."""
+        return self.host.take_copies() if self.host is not None else []
 
     def admit(self, req_id: str, prefix_blocks: list[int], node: TreeNode | None) -> int:
         """Start tracking ``req_id`` with shared ``prefix_blocks``; returns tokens reused."""
@@ -205,3 +247,5 @@ class KVCacheManager:
         assert refs == self.pool.ref_cnt, "ref counts differ from the block tables"
         if self.tree is not None:
             self.tree.check_integrity()
+        if self.host is not None:
+            self.host.check_integrity()

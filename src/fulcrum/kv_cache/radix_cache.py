@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from fulcrum.kv_cache.block_pool import BlockPool
 
@@ -41,6 +41,10 @@ class RadixCache:
         self.pool = pool
         self.bs = block_size
         self.roots: dict[Hashable, TreeNode] = {}
+        self._root_keys: dict[int, Hashable] = {}  # id(root) -> its extra_key
+        # called with each node ``evict`` is about to drop, still in the tree (a lower tier
+        # may keep a copy of its blocks)
+        self.on_evict: Callable[[TreeNode], None] | None = None
         self.evictable_size = 0
         self.protected_size = 0
         self._clock = itertools.count(1)
@@ -53,6 +57,7 @@ class RadixCache:
             root = TreeNode()
             root.lock_ref = 1  # roots are never evicted
             self.roots[extra_key] = root
+            self._root_keys[id(root)] = extra_key
         return self.roots[extra_key]
 
     def _first(self, tokens: Sequence[int], i: int) -> tuple[int, ...]:
@@ -179,6 +184,8 @@ class RadixCache:
             _, _, node = heapq.heappop(heap)
             parent = node.parent
             assert parent is not None
+            if self.on_evict is not None:
+                self.on_evict(node)
             del parent.children[node.key[: self.bs]]
             self._leaves.discard(node)
             self.pool.uncache(node.value)
@@ -188,6 +195,17 @@ class RadixCache:
                 self._leaves.add(parent)
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
+
+    def path(self, node: TreeNode) -> tuple[list[int], list[int], Hashable]:
+        """``(tokens, blocks, extra_key)`` of the whole prefix ``node`` ends."""
+        keys, values = [], []
+        while node.parent is not None:
+            keys.append(node.key)
+            values.append(node.value)
+            node = node.parent
+        tokens = [t for k in reversed(keys) for t in k]
+        blocks = [b for v in reversed(values) for b in v]
+        return tokens, blocks, self._root_keys[id(node)]
 
     def reset(self) -> None:
         """Drop every unlocked node (e.g. after weights change)."""

@@ -74,6 +74,9 @@ class SchedulerOutput:
     # Speculative decoding: a request's guesses, scheduled after its last token (its
     # ``num_scheduled_tokens`` is 1 + their number); logits are computed at each of them.
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # Block copies between the device and the host tier (kv_cache/host_tier.py), in order:
+    # the runner makes them before this step's forward.
+    kv_copies: list[tuple[str, list[int], list[int]]] = field(default_factory=list)
 
     @property
     def num_reqs(self) -> int:

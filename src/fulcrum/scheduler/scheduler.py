@@ -57,6 +57,7 @@ class Scheduler:
         loras: LoRARegistry | None = None,  # the adapters served (None: none)
         whole_prompt: bool = False,  # every prompt position computed (mean/cls pooling)
         unchunked: bool = False,  # each prompt in one step (an encoder attends both ways)
+        host_blocks: int = 0,  # the prefix cache's host tier (kv_cache/host_tier.py)
     ) -> None:
         self.config = config
         self.loras = loras if loras is not None else LoRARegistry(LoRAConfig())
@@ -65,8 +66,9 @@ class Scheduler:
         self.structured = structured
         self.block_size = cache_config.block_size
         self.kv = KVCacheManager(
-            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching, kv_window
-        )
+            num_blocks, cache_config.block_size, cache_config.enable_prefix_caching, kv_window,
+            host_blocks,
+        )  # fmt: skip
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.waiting: deque[Request] = deque()
@@ -237,6 +239,8 @@ class Scheduler:
             self._schedule_waiting(out, reqs, budget)
         if reqs:
             self._steps[out.step_id] = reqs
+        if not out.is_empty:  # (an empty step runs nothing: its copies wait for the next)
+            out.kv_copies = self.kv.take_copies()
         self._next_step_id += 1
         return out
 
@@ -574,6 +578,7 @@ class Scheduler:
             num_preemptions_total=self.num_preemptions,
             prefix_cache_queries=self.kv.prefix_queries,
             prefix_cache_hits=self.kv.prefix_hits,
+            prefix_cache_host_hits=self.kv.host.hit_tokens if self.kv.host is not None else 0,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             spec_decode_num_drafts=self.spec_stats.num_drafts,

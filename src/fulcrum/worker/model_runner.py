@@ -50,6 +50,7 @@ from fulcrum.spec_decode.rejection import accept_point_mass
 from fulcrum.worker.cuda_graph import DecodeGraphs
 from fulcrum.worker.draft_model import DraftModel
 from fulcrum.worker.draft_verify import DraftGuesses, verify_step
+from fulcrum.worker.host_kv import HostKV
 from fulcrum.worker.host_staging import HostStaging
 from fulcrum.worker.input_batch import InputBuilder, ReqState
 from fulcrum.worker.piecewise_graph import PiecewiseGraphs
@@ -101,6 +102,8 @@ class ModelRunner:
         self.sampling = StepSampler(self.device, self.vocab_size, kc)
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
+        self.host_kv: HostKV | None = None  # host_kv_cache_memory's blocks
+        self.num_host_blocks = 0
         sc = config.scheduler_config
         self.max_model_len = max(mc.max_model_len, sc.max_model_len)
         self.max_blocks = -(-self.max_model_len // self.block_size)
@@ -171,6 +174,11 @@ class ModelRunner:
         self.num_blocks = num_blocks
         if self.draft is not None:  # indexed by the same block ids
             self.draft.allocate_kv_cache(num_blocks)
+        gib = self.config.cache_config.host_kv_cache_memory
+        if gib:  # the prefix cache's host tier: blocks of the same layout in host memory
+            per_block = self.kv_caches[0][:, 0].numel() * self.kv_caches[0].element_size()
+            self.num_host_blocks = int(gib * 2**30) // (per_block * len(self.kv_caches))
+            self.host_kv = HostKV(self.kv_caches, self.num_host_blocks)
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -208,6 +216,9 @@ class ModelRunner:
         the forward is launched and before sampling: structured output fills
         ``out.grammar_bitmask`` there, while the device computes the forward."""
         self._staging.wait()  # the previous step's host → device copies are done
+        if out.kv_copies:  # blocks between the prefix cache's tiers, before anything reads them
+            assert self.host_kv is not None
+            self.host_kv.apply(out.kv_copies, self.kv_caches)
         states = self.inputs.update_states(out)
         if self.pooler is not None:
             self.pooler.forget(out.finished_req_ids)

@@ -137,6 +137,11 @@ class _SchedulerCollector(Collector):
         yield counter(
             "prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits
         )
+        yield counter(
+            "prefix_cache_host_hits",
+            "Of those, tokens found in the host tier (--host-kv-cache-memory) and copied back.",
+            s.prefix_cache_host_hits,
+        )
         yield counter("num_preemptions", "Cumulative preemptions.", s.num_preemptions_total)
         # speculative decoding, as vLLM names it (0 while speculation is off)
         yield counter(
