@@ -103,13 +103,15 @@ def test_host_tier_serves_evicted_prefixes(tiny_models, async_scheduling):
     """A device pool too small for every conversation's prefix, over a host tier: the prefixes
     evicted while others run are copied to host memory and back when their prompts return
     (multi-turn: each turn repeats the conversation so far); greedy tokens equal transformers'
-    throughout, and the prompts found on the host count in the stats."""
+    throughout (asynchronous scheduling with the LPM policy, which orders by either tier's
+    match without copying), and the prompts found on the host count in the stats."""
     rng = random.Random(5)
     convs = [[rng.randrange(3, 320) for _ in range(40)] for _ in range(4)]
     turns = [c + [rng.randrange(3, 320) for _ in range(6)] for c in convs]
     ref = hf_greedy(tiny_models["llama"], convs + turns, 12)
     llm = LLM(tiny_models["llama"], device="cpu", dtype="float32", block_size=4, num_kv_blocks=32,
-              max_num_seqs=2, host_kv_cache_memory=0.001, async_scheduling=async_scheduling)  # fmt: skip
+              max_num_seqs=2, host_kv_cache_memory=0.001, async_scheduling=async_scheduling,
+              schedule_policy="lpm" if async_scheduling == "on" else "fcfs")  # fmt: skip
     assert llm.core.runner.num_host_blocks > 0
     out = _tokens(llm.generate(convs, GREEDY, use_tqdm=False))
     out += _tokens(llm.generate(turns, GREEDY, use_tqdm=False))

@@ -126,6 +126,15 @@ class KVCacheManager:
             self.host.tree.dec_lock_ref(host_node)
             self.tree.dec_lock_ref(node)
 
+    def cached_prefix_blocks(self, prompt: Sequence[int], extra_key: Hashable) -> int:
+        """How many leading blocks of ``prompt`` either tier holds, copying nothing (the LPM
+        policy's ordering)."""
+        if self.tree is None or len(prompt) < 2:
+            return 0
+        tokens = prompt[: len(prompt) - 1]
+        n = len(self.tree.match_prefix(tokens, extra_key)[0])
+        return max(n, len(self.host.match(tokens, extra_key)[0])) if self.host is not None else n
+
     def _back_up(self, node: TreeNode) -> None:
         assert self.tree is not None and self.host is not None
         tokens, blocks, extra_key = self.tree.path(node)

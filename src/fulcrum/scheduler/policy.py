@@ -18,7 +18,7 @@ def order_waiting(
         # Preempted requests keep their place at the front; the rest by cached prefix length.
         head = [r for r in waiting if r.num_preemptions]
         rest = [r for r in waiting if not r.num_preemptions]
-        match = {id(r): len(kv.match_prefix(r.all_token_ids, r.cache_salt)[0]) for r in rest}
+        match = {id(r): kv.cached_prefix_blocks(r.all_token_ids, r.cache_salt) for r in rest}
         rest.sort(key=lambda r: (-match[id(r)], r.priority, r.arrival_time))
         return head + rest
     if any(r.priority for r in waiting):
