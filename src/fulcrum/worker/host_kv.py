@@ -24,8 +24,9 @@ class HostKV:
     def __init__(self, kv_caches: list[torch.Tensor], num_blocks: int) -> None:
         self.cuda = kv_caches[0].is_cuda
         shape = (2, num_blocks, *kv_caches[0].shape[2:])
+        # empty, not zeroed: a host block is read only after a copy wrote it
         self.pool = [
-            torch.zeros(shape, dtype=c.dtype, pin_memory=self.cuda).view(torch.uint8)
+            torch.empty(shape, dtype=c.dtype, pin_memory=self.cuda).view(torch.uint8)
             for c in kv_caches
         ]
         # device -> host copies in flight: (done event, per-layer pinned buffers, host blocks)
