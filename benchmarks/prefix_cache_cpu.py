@@ -7,10 +7,12 @@ what the cache costs when nothing is shared.
 
     python benchmarks/prefix_cache_cpu.py [--groups 8] [--per-group 8] [--json out.json]
         [--only prefix-fcfs ...] [--repeat N] [--interleave] [--kv-cache-memory GIB]
+        [--host-kv-cache-memory GIB]
 
 ``--interleave`` submits the groups' requests round-robin (g0, g1, ..., g0, g1, ...) instead of
 group by group, and a small ``--kv-cache-memory`` keeps the cache from holding every system
-prompt at once: the case where the scheduling order decides what stays cached (LPM vs FCFS).
+prompt at once: the case where the scheduling order decides what stays cached (LPM vs FCFS),
+and where a host tier under the cache (``prefix-host``) keeps what the device evicts.
 """
 
 from __future__ import annotations
@@ -42,11 +44,12 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def run(prompts, out_len: int, cache: bool, policy: str, kv_gib: float = 4.0) -> dict:
+def run(prompts, out_len: int, cache: bool, policy: str, kv_gib: float = 4.0,
+        host_gib: float = 0.0) -> dict:  # fmt: skip
     from fulcrum import LLM, SamplingParams
 
     llm = LLM(dtype="float32", device="cpu", kv_cache_memory=kv_gib, enable_prefix_caching=cache,
-              schedule_policy=policy)
+              schedule_policy=policy, host_kv_cache_memory=host_gib)  # fmt: skip
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     # Every step's batch, (request id, new tokens): two policies that schedule the same steps
@@ -71,14 +74,16 @@ def run(prompts, out_len: int, cache: bool, policy: str, kv_gib: float = 4.0) ->
         "total_tok_s": (n_out + sum(map(len, prompts))) / dt,
         "ttft_p50_s": statistics.median(ttft), "ttft_p95_s": pct(ttft, 0.95),
         "hit_rate": st["prefix_cache_hits"] / max(1, st["prefix_cache_queries"]),
+        "host_hit_rate": st["prefix_cache_host_hits"] / max(1, st["prefix_cache_queries"]),
         "steps": len(steps),
         "schedule_digest": hashlib.sha1(repr(steps).encode()).hexdigest()[:12],
     }
 
 
-CASES = {  # name: (traffic, prefix cache, policy)
+CASES = {  # name: (traffic, prefix cache, policy, host tier)
     "prefix-lpm": ("prefix-heavy", True, "lpm"),
     "prefix-fcfs": ("prefix-heavy", True, "fcfs"),
+    "prefix-host": ("prefix-heavy", True, "fcfs", True),  # FCFS over --host-kv-cache-memory
     "prefix-nocache": ("prefix-heavy", False, "fcfs"),
     "unique-cache": ("unique", True, "fcfs"),
     "unique-nocache": ("unique", False, "fcfs"),
@@ -101,14 +106,17 @@ def main() -> None:
                     help="Submit the groups' requests round-robin instead of group by group.")
     ap.add_argument("--kv-cache-memory", type=float, default=4.0,
                     help="KV pool in GiB (small: the cache cannot hold every system prompt).")
+    ap.add_argument("--host-kv-cache-memory", type=float, default=2.0,
+                    help="The host tier in GiB, for the prefix-host case.")
     args = ap.parse_args()
     results = []
     for name in args.only or CASES:
-        traffic, cache, policy = CASES[name]
+        traffic, cache, policy, *host = CASES[name]
         prompts = workload(args.groups, args.per_group, args.prefix_len, args.question_len,
                            traffic == "prefix-heavy", args.seed, args.interleave)
         for i in range(args.repeat):
-            r = run(prompts, args.output_len, cache, policy, args.kv_cache_memory)
+            host_gib = args.host_kv_cache_memory if host else 0.0
+            r = run(prompts, args.output_len, cache, policy, args.kv_cache_memory, host_gib)
             r.update(traffic=traffic, case=name, run=i)
             print(json.dumps(r), flush=True)
             results.append(r)
