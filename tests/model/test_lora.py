@@ -172,10 +172,13 @@ def test_adapters_under_tensor_parallelism(case) -> None:
     llm = LLM(base, device="cpu", dtype="float32", tensor_parallel_size=2, kv_cache_memory=0.01,
               lora_modules={"all": dirs["all"]}, max_loras=2,
               allow_runtime_lora_updates=True)  # fmt: skip
-    llm.load_lora_adapter("qv", dirs["qv"])
-    names = [None, "all", "qv"]
-    batch = [(p, n) for p in prompts[:2] for n in names]
-    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
-    outs = llm.generate([p for p, _ in batch], params, use_tqdm=False, lora=[n for _, n in batch])
-    for (p, n), got in zip(batch, toks(outs), strict=True):
-        assert got == ref[n][prompts.index(p)], (n, p)
+    try:
+        llm.load_lora_adapter("qv", dirs["qv"])
+        names = [None, "all", "qv"]
+        batch = [(p, n) for p in prompts[:2] for n in names]
+        params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+        outs = llm.generate([p for p, _ in batch], params, use_tqdm=False, lora=[n for _, n in batch])
+        for (p, n), got in zip(batch, toks(outs), strict=True):
+            assert got == ref[n][prompts.index(p)], (n, p)
+    finally:  # this process's tensor-parallel group must go before any later test loads a model
+        llm.core.shutdown()
