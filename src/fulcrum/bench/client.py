@@ -84,6 +84,12 @@ def _error_line(status: int, body: str) -> str:
     return f"HTTP {status}: {msg}" if msg else f"HTTP {status}"
 
 
+def _transport_error(e: httpx.HTTPError, ep: Endpoint) -> str:
+    if isinstance(e, httpx.TimeoutException):
+        return f"timed out after {ep.timeout_s:g} s"
+    return f"{type(e).__name__}: {str(e) or 'connection failed'}"
+
+
 async def send_request(
     client: httpx.AsyncClient,
     ep: Endpoint,
@@ -153,11 +159,8 @@ async def send_request(
                     if usage.get("prompt_tokens") is not None:
                         res.prompt_len = int(usage["prompt_tokens"])
         res.latency = time.perf_counter() - st
-    except httpx.TimeoutException:
-        res.error = f"timed out after {ep.timeout_s:g} s"
-        return res
     except httpx.HTTPError as e:
-        res.error = f"{type(e).__name__}: {str(e) or 'connection failed'}"
+        res.error = _transport_error(e, ep)
         return res
     if not saw_openai_chunk:
         res.error = "not an OpenAI stream: no chunk with 'choices'"
@@ -183,11 +186,8 @@ async def _embed_request(
     try:
         resp = await client.post(ep.url("embeddings"), json={**payload, "model": ep.model},
                                  headers=ep.headers(), timeout=ep.timeout_s)  # fmt: skip
-    except httpx.TimeoutException:
-        res.error = f"timed out after {ep.timeout_s:g} s"
-        return res
     except httpx.HTTPError as e:
-        res.error = f"{type(e).__name__}: {str(e) or 'connection failed'}"
+        res.error = _transport_error(e, ep)
         return res
     res.latency = res.ttft = time.perf_counter() - st
     if resp.status_code != 200:

@@ -50,8 +50,7 @@ class HostKV:
         d = torch.tensor(src, dtype=torch.long)
         h = torch.tensor(dst, dtype=torch.long)
         if not self.cuda:
-            for p, c in zip(self.pool, dev, strict=True):
-                p.index_copy_(1, h, c.index_select(1, d))
+            _copy_blocks(self.pool, h, dev, d)
             return
         self._settle(wait=False)  # (in order: a later copy to the same block lands later)
         d = d.to(dev[0].device, non_blocking=True)
@@ -70,8 +69,7 @@ class HostKV:
         h = torch.tensor(src, dtype=torch.long)
         d = torch.tensor(dst, dtype=torch.long)
         if not self.cuda:
-            for p, c in zip(self.pool, dev, strict=True):
-                c.index_copy_(1, d, p.index_select(1, h))
+            _copy_blocks(dev, d, self.pool, h)
             return
         d = d.to(dev[0].device, non_blocking=True)
         for p, c in zip(self.pool, dev, strict=True):
@@ -89,3 +87,11 @@ class HostKV:
             for p, buf in zip(self.pool, bufs, strict=True):
                 p.index_copy_(1, h, buf)
             self._landing.pop(0)
+
+
+def _copy_blocks(
+    dst: list[torch.Tensor], di: torch.Tensor, src: list[torch.Tensor], si: torch.Tensor
+) -> None:
+    """``dst[layer][:, di] = src[layer][:, si]`` for every layer (the CPU: plain copies)."""
+    for d, s in zip(dst, src, strict=True):
+        d.index_copy_(1, di, s.index_select(1, si))
