@@ -117,8 +117,9 @@ def recommend(
     if capacity_limited:
         rec.reasons.append(
             f"The cache is too small for this traffic: unbounded it would serve {ov_inf:.0%} "
-            f"instead of {ov:.0%}. Give the KV cache more memory (--gpu-memory-utilization) "
-            "or store it in FP8."
+            f"instead of {ov:.0%}. Give the KV cache more memory (--gpu-memory-utilization), "
+            "store it in FP8, or keep what the device evicts in host memory "
+            "(--host-kv-cache-memory GiB: prefixes copied back instead of recomputed)."
         )
 
     p90 = stats.prompt_len.p90
