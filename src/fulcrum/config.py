@@ -229,8 +229,7 @@ class LoRAConfig:
     def __post_init__(self) -> None:
         names = [n for n, _ in self.adapters]
         for name in names:
-            if not name or "=" in name or name != name.strip():
-                raise ValueError(f"lora_modules: adapter name {name!r} must be non-empty, without '=' or spaces at either end.")
+            self.check_name(name, "lora_modules")
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"lora_modules: adapter name {sorted(dup)[0]!r} is given twice.")
@@ -239,6 +238,13 @@ class LoRAConfig:
             raise ValueError(f"{field} must be >= 0 (0: the default), got {getattr(self, field)}.")
         if self.max_loras and self.max_loras < len(names):
             raise ValueError(f"max_loras: {self.max_loras} slots cannot hold the {len(names)} lora_modules adapters.")
+
+    @staticmethod
+    def check_name(name: object, field: str) -> None:
+        """An adapter's name is what requests send as ``model``: ValueError naming ``field``
+        unless it is a non-empty string without '=' or spaces at either end."""
+        if not isinstance(name, str) or not name or "=" in name or name != name.strip():
+            raise ValueError(f"{field}: adapter name {name!r} must be non-empty, without '=' or spaces at either end.")
 
     @property
     def enabled(self) -> bool:

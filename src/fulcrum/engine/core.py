@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 
-from fulcrum.config import EngineConfig
+from fulcrum.config import EngineConfig, LoRAConfig
 from fulcrum.kv_cache.sliding_window import kv_free_window, layer_windows
 from fulcrum.lora.registry import LoRARegistry
 from fulcrum.model.loader.hf_config import generation_eos_token_ids
@@ -128,9 +128,7 @@ class EngineCore:
         """Load the PEFT adapter at ``path`` into a free slot under ``name`` (``runtime_updates``
         only); ValueError naming the field for anything that cannot be served."""
         self._check_lora_updates()
-        name = name.strip() if isinstance(name, str) else name
-        if not name or not isinstance(name, str) or "=" in name:
-            raise ValueError(f"lora_name: {name!r} must be a non-empty name without '='.")
+        LoRAConfig.check_name(name, "lora_name")
         if not os.path.isfile(os.path.join(path, "adapter_config.json")):
             raise ValueError(f"lora_path: {path} is not a PEFT adapter directory (no "
                              "adapter_config.json).")  # fmt: skip

@@ -18,8 +18,6 @@ class ServingLoRA:
 
     async def load(self, body: LoadLoRAAdapterRequest) -> PlainTextResponse:
         name = body.lora_name
-        if not name.strip():
-            raise E.bad_request("lora_name must not be empty.", "lora_name")
         if name in self.state.options.served_model_names:
             raise E.bad_request(f"lora_name: {name!r} is the base model's served name.", "lora_name")
         await self._call("add_lora", name, body.lora_path)
