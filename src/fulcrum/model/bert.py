@@ -125,7 +125,9 @@ class _Padded:
     def __init__(self, qsl: list[int], device: torch.device) -> None:
         starts = np.asarray(qsl, dtype=np.int64)
         lens = np.diff(starts)
-        self.n, self.len, total = len(lens), int(lens.max()), int(starts[-1])
+        # the padded length a multiple of 16: SDPA's memory-efficient kernel takes a mask only
+        # with aligned rows, else attention falls back to materialising every score
+        self.n, self.len, total = len(lens), -(-int(lens.max()) // 16) * 16, int(starts[-1])
         j = np.arange(self.len)
         valid = j[None, :] < lens[:, None]
         rows = np.where(valid, starts[:-1, None] + j[None, :], total)
