@@ -1,4 +1,5 @@
-"""Prefix cache on the CPU with the embedded SmolLM2-135M: prefix-heavy and unique traffic.
+"""Prefix cache on the CPU with the embedded SmolLM2-135M: prefix-heavy and unique traffic
+(``--model llama-3.1-8b --device cuda``: a configs/ model on dummy weights on the GPU).
 
 Prefix-heavy: G groups × R requests; each group shares a ~1,000-token system prompt, then a
 64-token question; 64 output tokens (``ignore_eos``). All requests are submitted at once (offline);
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import statistics
 import time
@@ -45,11 +47,13 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def run(prompts, out_len: int, cache: bool, policy: str, kv_gib: float = 4.0,
-        host_gib: float = 0.0) -> dict:  # fmt: skip
+        host_gib: float = 0.0, model: str | None = None, device: str = "cpu") -> dict:  # fmt: skip
     from fulcrum import LLM, SamplingParams
 
-    llm = LLM(dtype="float32", device="cpu", kv_cache_memory=kv_gib, enable_prefix_caching=cache,
-              schedule_policy=policy, host_kv_cache_memory=host_gib)  # fmt: skip
+    extra = {"load_format": "dummy"} if model is not None and not os.path.exists(model) else {}
+    llm = LLM(model, dtype="float32" if device == "cpu" else "bfloat16", device=device,
+              kv_cache_memory=kv_gib, enable_prefix_caching=cache, schedule_policy=policy,
+              host_kv_cache_memory=host_gib, **extra)  # fmt: skip
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     # Every step's batch, (request id, new tokens): two policies that schedule the same steps
@@ -108,6 +112,10 @@ def main() -> None:
                     help="KV pool in GiB (small: the cache cannot hold every system prompt).")
     ap.add_argument("--host-kv-cache-memory", type=float, default=2.0,
                     help="The host tier in GiB, for the prefix-host case.")
+    ap.add_argument("--model", default=None,
+                    help="A model directory, or a configs/ name run on dummy weights "
+                         "(default: the embedded SmolLM2).")  # fmt: skip
+    ap.add_argument("--device", default="cpu", help="cpu (float32) or cuda (bfloat16).")
     args = ap.parse_args()
     results = []
     for name in args.only or CASES:
@@ -116,7 +124,8 @@ def main() -> None:
                            traffic == "prefix-heavy", args.seed, args.interleave)
         for i in range(args.repeat):
             host_gib = args.host_kv_cache_memory if host else 0.0
-            r = run(prompts, args.output_len, cache, policy, args.kv_cache_memory, host_gib)
+            r = run(prompts, args.output_len, cache, policy, args.kv_cache_memory, host_gib,
+                    args.model, args.device)  # fmt: skip
             r.update(traffic=traffic, case=name, run=i)
             print(json.dumps(r), flush=True)
             results.append(r)
