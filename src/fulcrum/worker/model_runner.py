@@ -175,7 +175,7 @@ class ModelRunner:
         if self.draft is not None:  # indexed by the same block ids
             self.draft.allocate_kv_cache(num_blocks)
         gib = self.config.cache_config.host_kv_cache_memory
-        if gib:  # the prefix cache's host tier: blocks of the same layout in host memory
+        if gib:  # the prefix cache's host tier (worker/host_kv.py)
             per_block = self.kv_caches[0][:, 0].numel() * self.kv_caches[0].element_size()
             self.num_host_blocks = int(gib * 2**30) // (per_block * len(self.kv_caches))
             self.host_kv = HostKV(self.kv_caches, self.num_host_blocks)
