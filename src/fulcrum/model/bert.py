@@ -188,8 +188,6 @@ class _Encoder(nn.Module):
 class BertEncoderModel(nn.Module):
     """An encoder served by ``runner="pooling"``: hidden states of every prompt token."""
 
-    bidirectional = True
-
     def __init__(self, config, max_model_len: int, backend=None, quant=None,  # noqa: ANN001
                  kernel_config=None) -> None:  # fmt: skip
         super().__init__()
@@ -203,7 +201,6 @@ class BertEncoderModel(nn.Module):
                                  f"{', '.join(ok)}).")  # fmt: skip
         if quant is not None:
             raise ValueError("quantization: encoders run unquantized here.")
-        self.config = config
         self.embeddings = _Embeddings(config)
         self.encoder = _Encoder(config)
         self.lm_head: nn.Module | None = None  # the loader's NoLMHead: nothing to generate
