@@ -6,6 +6,7 @@ wall time per engine step, and the kernels of one eager step (torch.profiler), f
     mixed   the same 384 decodes plus new 1,000-token prompts filling the step budget
 
     python benchmarks/gpu_profile.py [--out DIR]   (Llama-3.1-8B shape, dummy weights, bf16)
+    python benchmarks/gpu_profile.py --phase fp8w --cases none   (FP8 or INT4 weights: gpu_h200's phases)
 
 Prints a table per case and writes DIR/profile.json. ``FULCRUM_BENCH_SMOKE=N`` runs a CPU dry run
 on the SmolLM2 shape (see gpu_h200.py).
@@ -241,14 +242,31 @@ def main() -> None:
         default="large,mixed",
         help="comma-separated cases after batch 1 (which always runs): large, mixed",
     )
+    ap.add_argument(
+        "--phase",
+        default="bf16",
+        choices=["bf16", *g.FP8W],
+        help="weights: bf16, or one of gpu_h200.py's FP8/INT4 phases (its model and engine)",
+    )
     args = ap.parse_args()
     cases = set(args.cases.split(","))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from fulcrum import LLM
 
-    llm = LLM(g.MODEL, **g.ENGINE)
+    model, engine = g.MODEL, dict(g.ENGINE)
+    weight_bytes, kv_bytes = g.WEIGHT_BYTES, g.KV_BYTES
+    if args.phase != "bf16":
+        ph = g.FP8W[args.phase]
+        weight_bytes, kv_bytes = ph["weight_bytes"], ph["kv_bytes"]
+        model = model if g.SMOKE else ph["model"]
+        engine.update(ph["engine"])
+
+    def floor_ms(batch: int, ctx: float) -> float:
+        return 1e3 * (weight_bytes + batch * ctx * kv_bytes) / g.BW
+
+    llm = LLM(model, **engine)
     core = llm.core
-    res: dict = {"engine": g.ENGINE, "model": g.MODEL}
+    res: dict = {"engine": engine, "model": model, "phase": args.phase}
     smoke = g.SMOKE or 1
     batch, ctx = max(1, args.batch // smoke), max(8, args.ctx // smoke)
 
@@ -259,7 +277,7 @@ def main() -> None:
         "graph_replay_ms": _replay_ms(core.runner, 1),
         "critical_path": _critical_path(core.runner, 1),
         **_wall_ms(core, 30),
-        "floor_ms": 1e3 * g.decode_floor_s(1, 1000),
+        "floor_ms": floor_ms(1, 1000),
         "timeline": _timeline(core, 20),
         "eager": _kernels(core, 3),
     }
@@ -283,7 +301,7 @@ def main() -> None:
         "ctx": ctx,
         "graph_replay_ms": _replay_ms(core.runner, batch, 10),
         **_wall_ms(core, 10),
-        "floor_ms": 1e3 * g.decode_floor_s(batch, ctx),
+        "floor_ms": floor_ms(batch, ctx),
         "timeline": _timeline(core, 5),
         "eager": _kernels(core, 2),
     }

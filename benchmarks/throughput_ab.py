@@ -11,6 +11,8 @@
     early     every Triton grid releases the next kernel early (PDL: before its wait, or after
               it with nopre's setting), not only small grids and the batch-1 GEMV
     splits<N>  decode attention split at most N ways (32 by default)
+    combine<N>  up to N decode requests, the last split program combines the splits (no reduce
+              kernel; attention.combine_max_reqs)
     minsplit<N>  decode attention splits of at least N tokens (attention.min_split_tokens)
     nosilu    SiLU-and-mul as its own kernel at batch 1 (gemv.fuse_silu off)
     norope    rotary + the K/V write as their own kernel at batch 1 (gemv.fuse_rope off)
@@ -39,6 +41,9 @@
               (kernel_config.int_gemm)
     fp8@64,4,7,128 / bf16@64,2,3   FP8 or bf16 KV cache with this decode launch config
               (block_n,num_warps,num_stages[,maxnreg])
+
+    A variant joins switches with "+" onto a base (the first name): fp8w+combine4,
+    int4dense256+norope.
 
     python benchmarks/throughput_ab.py [--order new base cublaslt fp8@64,4,7,128] [--skip-long]
         [--sections ttft,itl,128/128,1000/1000,1000/1000-sampled] [--max-num-batched-tokens 4096 8192]
@@ -77,12 +82,32 @@ VARIANT_KERNEL_CONFIG: dict[str, dict] = {
 }
 
 
+def _switches(name: str) -> dict:
+    """The KernelConfig fields one variant name sets."""
+    for prefix, field in (("splits", "max_splits"), ("minsplit", "min_split_tokens"),
+                          ("combine", "combine_max_reqs")):  # fmt: skip
+        if name.startswith(prefix) and name.removeprefix(prefix).isdigit():
+            return {"attention": {field: int(name.removeprefix(prefix))}}
+    return VARIANT_KERNEL_CONFIG.get(name, {})
+
+
+def _merge(into: dict, extra: dict) -> dict:
+    for key, val in extra.items():
+        if isinstance(val, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], val)
+        else:
+            into[key] = val
+    return into
+
+
 def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: int | None) -> None:
     engine = dict(g.ENGINE)
     if max_num_seqs:
         engine["max_num_seqs"] = max_num_seqs
     if budget:
         engine["max_num_batched_tokens"] = budget
+    full_name = name
+    name, *extra = name.split("+")
     kind, _, cfg = name.partition("@")
     if kind == "fp8":
         engine["kv_cache_dtype"] = "fp8"
@@ -102,13 +127,11 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         launch = da.FP8_GPU_CONFIG if kind == "fp8" else da.GPU_CONFIG
         launch.update(block_n=vals[0], num_warps=vals[1], num_stages=vals[2])
         launch["maxnreg"] = vals[3] if len(vals) > 3 else None
-    kc = dict(VARIANT_KERNEL_CONFIG.get(name, {}))
-    if name == "nopw":
+    kc: dict = {}
+    for part in [name, *extra]:
+        _merge(kc, _switches(part))
+    if "nopw" in (name, *extra):
         engine["piecewise_graph_max_tokens"] = 0
-    if name.startswith("splits"):
-        kc["attention"] = {"max_splits": int(name.removeprefix("splits"))}
-    if name.startswith("minsplit"):
-        kc["attention"] = {"min_split_tokens": int(name.removeprefix("minsplit"))}
     if kind.startswith("int4"):  # INT4 (GPTQ g128) + FP8 KV: int4[swap][dense<rows>]
         engine.update(quantization="gptq", kv_cache_dtype="fp8")
         rest = kind.removeprefix("int4")
@@ -140,7 +163,7 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         r = drv.run(g.workload(n, n_in, n_out, 7), t_end, sampling)
         g.emit(
             "throughput",
-            variant=name,
+            variant=full_name,
             max_num_seqs=engine["max_num_seqs"],
             max_num_batched_tokens=engine["max_num_batched_tokens"],
             workload=wl,

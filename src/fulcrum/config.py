@@ -497,6 +497,9 @@ class AttentionKernelConfig:
     split_early: bool = _knob(
         True, "Up to pre_wait_max_reqs requests, a 16-bit cache's splits release the reduce early."
     )
+    combine_max_reqs: int = _knob(
+        0, "Up to this many requests, the last decode split of a head group combines the splits (no reduce launch)."
+    )
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_splits <= _SPLITS_CAP:

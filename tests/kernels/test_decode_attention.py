@@ -154,6 +154,40 @@ def test_decode_reads_before_the_wait_give_the_same_rows(num_splits: int) -> Non
     assert (outs[0][1:4] == 7.0).all()
 
 
+@pytest.mark.parametrize("num_splits", [3, 8])
+def test_decode_combine_in_the_split_kernel(num_splits: int) -> None:
+    """At a few requests the last split program of each head group combines the splits
+    (``AttentionKernelConfig.combine_max_reqs``): the reduce kernel's rows to rounding, with
+    splits past a short context (lse -inf) and a prefill row whose programs never count, and
+    every counter back at zero after each launch (the second launch reuses them)."""
+    from fulcrum.config import AttentionKernelConfig
+
+    g = torch.Generator().manual_seed(30 + num_splits)
+    seq_lens, query_lens = [90, 7, 41, 2], [1, 3, 1, 1]
+    cache, meta = make_paged_batch(seq_lens, query_lens, 2, 64, 4, generator=g)
+    q = torch.randn(meta.num_tokens, 8, 64, generator=g)
+    ws = DecodeWorkspace()
+    outs = []
+    for most in (4, 4, 0):
+        out = torch.full_like(q, 7.0)
+        decode_attention(
+            q, cache, meta.block_tables, meta.seq_lens, 0.1, workspace=ws,
+            query_start_loc=meta.query_start_loc, out=out, num_splits=num_splits,
+            cfg=AttentionKernelConfig(combine_max_reqs=most),
+        )  # fmt: skip
+        outs.append(out)
+        assert not ws.counters(1, q.device).any()
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[0], outs[2], atol=1e-6, rtol=1e-5)
+    keep = [0, 2, 3]
+    rows = meta.query_start_loc[keep].long()
+    ref = decode_attention_ref(
+        q[rows], cache, meta.block_tables[keep], meta.seq_lens[keep], 0.1
+    )
+    torch.testing.assert_close(outs[0][rows], ref, atol=2e-5, rtol=1e-4)
+    assert (outs[0][1:4] == 7.0).all()
+
+
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize(("window", "softcap"), [(6, None), (None, 0.5), (20, 0.7)])
 def test_decode_window_and_softcap_match_ref(

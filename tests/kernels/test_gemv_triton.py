@@ -79,8 +79,9 @@ def test_gemv_fp8_weight_with_row_scales(m: int) -> None:
     assert (out - F.linear(x, w, b)).abs().max() < 0.05 * F.linear(x, w).abs().max() + 0.01
 
 
-def _tiny_layer(rope=None, backend=None):
-    """A one-layer Llama decoder (4 heads over 2 kv heads of 16, qkv bias) with random weights."""
+def _tiny_layer(rope=None, backend=None, quant=None):
+    """A one-layer Llama decoder (4 heads over 2 kv heads of 16, qkv bias) with random weights
+    (``quant``: its projections packed by that method, random packed words)."""
     from fulcrum.model.llama import DecoderLayer, ModelArgs
 
     a = ModelArgs(
@@ -89,9 +90,13 @@ def _tiny_layer(rope=None, backend=None):
         tie_word_embeddings=False, max_position=64,
     )  # fmt: skip
     torch.manual_seed(0)
-    layer = DecoderLayer(a, rope, backend)
+    layer = DecoderLayer(a, rope, backend, quant)
     for p in layer.parameters():
-        p.data = torch.randn_like(p) * 0.1
+        if p.is_floating_point():
+            p.data = torch.randn_like(p) * 0.1
+    for m in layer.modules():
+        if hasattr(m, "init_dummy"):
+            m.init_dummy(torch.Generator().manual_seed(1))
     return layer
 
 
@@ -155,6 +160,46 @@ def test_rope_in_the_layer_matches_the_unfused_layer(monkeypatch: pytest.MonkeyP
             torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(got_cache, cache, atol=1e-5, rtol=1e-5)
     assert calls == [1]  # the fused kernel ran once, with the switch on
+
+
+@torch.inference_mode()
+def test_int4_epilogues_in_the_layer_match_the_unfused_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPTQ layer at one row: rotary + the K/V write in qkv's one-row kernel and SiLU-and-mul
+    in gate_up's (``gemv.fuse_rope`` / ``fuse_silu``) against the same layer with those as
+    their own kernels, both halves of the layer, cache included."""
+    from types import SimpleNamespace
+
+    import fulcrum.quant.int4 as int4_mod
+    from fulcrum.attention.torch_ref import TorchAttentionBackend
+    from fulcrum.config import KernelConfig
+    from fulcrum.kernels import w4a16_gemv
+    from fulcrum.kernels.dispatch import set_kernel_config
+    from fulcrum.model.layers.rotary import RotaryEmbedding
+    from fulcrum.quant.int4 import GptqMethod
+
+    rope = RotaryEmbedding(SimpleNamespace(rope_theta=10000.0), 16, 64)
+    quant = GptqMethod({"bits": 4, "group_size": 32, "sym": True, "desc_act": False})
+    layer = _tiny_layer(rope, TorchAttentionBackend(4, 2, 16, 0.25), quant)
+    x, residual, o = torch.randn(1, 64), torch.randn(1, 64), torch.randn(1, 64)
+    pos, slots = torch.tensor([37]), torch.tensor([13])
+    _on_the_interpreters_gemv(monkeypatch, "gemv")  # use_triton on in the linear layers
+    monkeypatch.setattr(int4_mod, "use_triton", lambda *a: True)
+    calls: list = []
+    for name in ("silu_gemv1", "rope_gemv1"):
+        real = getattr(w4a16_gemv, name)
+        monkeypatch.setattr(w4a16_gemv, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k))
+    got = {}
+    for fuse in (True, False):
+        set_kernel_config(layer, KernelConfig().replace(gemv={"fuse_rope": fuse, "fuse_silu": fuse}))
+        cache = torch.zeros(2, 8, 4, 2, 16)
+        got[fuse] = (layer.before_attention(x, residual, pos, cache, slots), cache,
+                     layer.after_attention(o, residual))  # fmt: skip
+    (q1, k1, v1, r1), c1, (out1, res1) = got[True]
+    (q0, k0, v0, r0), c0, (out0, res0) = got[False]
+    for a, b in ((q1, q0), (k1, k0), (v1, v0), (r1, r0), (c1, c0), (out1, out0), (res1, res0)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert c1[:, 3, 1].abs().sum() > 0  # slot 13 = block 3, offset 1
+    assert calls == ["rope_gemv1", "silu_gemv1"]  # each fused kernel once, with the switches on
 
 
 @pytest.mark.parametrize(

@@ -209,3 +209,64 @@ def test_layer_dispatch_runs_the_kernels(monkeypatch: pytest.MonkeyPatch, rows: 
     monkeypatch.setattr(int4, "use_triton", lambda x, kc: True)
     torch.testing.assert_close(lin(x), want, rtol=1e-4, atol=1e-4)
     assert called == ["gemv" if rows <= min(lin.kernel_config.gemv.max_m, 4) else "gemm"]
+
+
+@pytest.mark.parametrize(("config", "bias"), [((16, 16, 1), False), ((8, 16, 1, 2), True)])
+def test_one_row_silu_epilogue_matches_gemv_then_activation(config, bias) -> None:
+    """gate_up's one-row GEMV with SiLU-and-mul in its epilogue (a program owns N-columns of
+    the gate and the same of up), split-K included: the unfused kernel's output, then the
+    activation."""
+    from fulcrum.kernels.activation import silu_and_mul
+
+    g = torch.Generator().manual_seed(3 + len(config))
+    k, n, group = 64, 2 * 20, 32
+    qw, z, s, _ = _random_weight(k, n, group, 4, g)
+    x = torch.randn(1, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    args = [t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in (x, qw, z, s, b)]
+    fused = w4a16_gemv.silu_gemv1(*args, group, 4, config=config)
+    plain = w4a16_gemv.gemv(*args, group, 4, config, one_row=True)
+    assert fused.shape == (1, n // 2)
+    torch.testing.assert_close(fused, silu_and_mul(plain), atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match="gate and up"):
+        w4a16_gemv.silu_gemv1(args[0], qw[:, :-1].contiguous(), z[:, :-1].contiguous(),
+                              s[:, :-1].contiguous(), None, group, 4)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "cache_dtype", "heads"),
+    [((16, 16, 1), torch.float32, (4, 2, 16)),  # one head a program
+     ((32, 16, 1, 2), torch.float32, (3, 1, 8)),  # four heads a program, split-K, ragged
+     ((16, 16, 1), torch.float8_e4m3fn, (4, 2, 16))],  # FP8 cache: V token-major
+)  # fmt: skip
+def test_one_row_rope_epilogue_matches_gemv_then_rotary(config, cache_dtype, heads) -> None:
+    """qkv's one-row GEMV with rotary and the K/V cache write in its epilogue: the unfused
+    kernel's output then ``apply_rotary(..., kv_write=...)``, bit for bit, cache included."""
+    from paged_batch import make_paged_batch
+
+    from fulcrum.kernels.rotary import apply_rotary
+
+    g = torch.Generator().manual_seed(7 + heads[2])
+    (hq, hkv, d), k, group = heads, 64, 32
+    n = (hq + 2 * hkv) * d
+    qw, z, s, _ = _random_weight(k, n, group, 4, g)
+    x = torch.randn(1, k, generator=g)
+    cache, meta = make_paged_batch([9, 23], [1, 1], hkv, d, 4, generator=g)
+    cache = (cache * 0.5).to(cache_dtype)
+    slots = meta.slot_mapping[1:2].clone()
+    pos = torch.tensor([41])
+    inv = 1.0 / 500.0 ** (torch.arange(0, d, 2).float() / d)
+    f = torch.outer(torch.arange(64).float(), inv)
+    cs = torch.cat([f.cos(), f.sin()], -1)
+    to = lambda t: t.to(DEVICE)  # noqa: E731
+    args = (to(x), to(qw), to(z), to(s), None, group, 4)
+    want = w4a16_gemv.gemv(*args, config, one_row=True)
+    want_cache = to(cache.clone())
+    q, kk, v = want.view(1, hq + 2 * hkv, d).split([hq, hkv, hkv], dim=1)
+    apply_rotary(q, kk, to(pos), to(cs), kv_write=(v, want_cache, to(slots)))
+    got_cache = to(cache.clone())
+    got = w4a16_gemv.rope_gemv1(*args, None, to(pos), to(cs), got_cache, to(slots), hq, hkv,
+                                config=config)  # fmt: skip
+    assert torch.equal(got, want)
+    assert torch.equal(got_cache.view(torch.uint8), want_cache.view(torch.uint8))
+    assert not torch.equal(got_cache.cpu().view(torch.uint8), cache.view(torch.uint8))

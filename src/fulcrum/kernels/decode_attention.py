@@ -13,7 +13,11 @@ slice of the context ``BLOCK_N`` tokens at a time, loading each K/V row once::
 Each program writes its normalized partial output and its log-sum-exp (base 2) to scratch;
 a split past the end of a short context writes lse = -inf. Stage 2 (one program per (request,
 query head)) combines the splits: ``out = sum_s 2^(lse_s - M) * o_s / sum_s 2^(lse_s - M)``.
-With a single split, stage 1 writes the final rows itself and stage 2 is not launched.
+With a single split, stage 1 writes the final rows itself and stage 2 is not launched. At a few
+requests (``AttentionKernelConfig.combine_max_reqs``) stage 2 is not launched either: each
+split program counts itself done on its (request, kv head) counter, and the last one combines
+that head group's splits in split order and resets the counter. At batch 1 the reduce's launch
+costs more than its work.
 
 With ``order`` (a permutation of the requests, longest context first), program row ``i`` serves
 request ``order[i]``: programs start roughly in grid order, so the ones still running at the end
@@ -133,6 +137,9 @@ def _decode_split_kernel(
     PDL: tl.constexpr,
     WINDOW: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False,
+    COMBINE: tl.constexpr = False,  # SPLIT: the last split program of a head group combines
+    cnt_ptr=None,  # [R * kv heads] int32 counters, zero between launches (COMBINE)
+    num_kv_heads=1,
 ):
     if not PRE_WAIT:
         pdl.wait(PDL)
@@ -228,6 +235,49 @@ def _decode_split_kernel(
         tl.store(part_out_ptr + base_o[:, None] + offs_d[None, :], out, mask=o_mask)
         base_l = b.to(tl.int64) * stride_plr + heads * stride_plh + split
         tl.store(part_lse_ptr + base_l, lse, mask=mask_g)
+        if COMBINE:
+            _combine_last(
+                out_ptr, part_out_ptr, part_lse_ptr, cnt_ptr + b * num_kv_heads + kvh,
+                q_row, b, heads, offs_d, mask_g, o_mask, stride_ot, stride_oh, stride_por,
+                stride_poh, stride_pos, stride_plr, stride_plh, num_splits, BLOCK_G, BLOCK_D,
+            )  # fmt: skip
+
+
+@triton.jit
+def _combine_last(out_ptr, part_out_ptr, part_lse_ptr, cnt_ptr, q_row, b, heads, offs_d,
+                  mask_g, o_mask, stride_ot, stride_oh, stride_por, stride_poh, stride_pos,
+                  stride_plr, stride_plh, num_splits, BLOCK_G: tl.constexpr,
+                  BLOCK_D: tl.constexpr):  # fmt: skip
+    """Stage 2 inside stage 1 for one head group: this program counts itself done; the group's
+    last program weighs the splits' partial outputs by their log-sum-exps (as the reduce
+    kernel does), writes the final rows and resets the counter. The barrier puts every
+    thread's partial stores before the count (as ``w4a16_common.split_fixup``); the last
+    program reads the partials past L1, which may hold lines of an earlier launch's."""
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+    if done == num_splits - 1:
+        lse_row = b.to(tl.int64) * stride_plr + heads * stride_plh
+        m = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        for s in range(num_splits):
+            lse = tl.load(part_lse_ptr + lse_row + s, mask=mask_g, other=float("-inf"),
+                          cache_modifier=".cg")  # fmt: skip
+            m = tl.maximum(m, lse)
+        m = tl.where(m == float("-inf"), 0.0, m)  # empty context: every weight is 0
+        o_row = b.to(tl.int64) * stride_por + heads * stride_poh
+        den = tl.zeros([BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        for s in range(num_splits):
+            lse = tl.load(part_lse_ptr + lse_row + s, mask=mask_g, other=float("-inf"),
+                          cache_modifier=".cg")  # fmt: skip
+            w = tl.exp2(lse - m)
+            o = tl.load(part_out_ptr + (o_row + s * stride_pos)[:, None] + offs_d[None, :],
+                        mask=o_mask, other=0.0, cache_modifier=".cg")  # fmt: skip
+            den += w
+            acc += w[:, None] * o
+        res = acc / tl.where(den > 0.0, den, 1.0)[:, None]
+        dst = q_row.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_ptr + dst, res.to(out_ptr.dtype.element_ty), mask=o_mask)
+        tl.atomic_xchg(cnt_ptr, 0)
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_plh"])
@@ -286,6 +336,20 @@ class DecodeWorkspace:
         self._buf: torch.Tensor | None = None
         self._retired: list[torch.Tensor] = []
         self._views: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # of the current _buf
+        self._counters: torch.Tensor | None = None
+
+    def counters(self, n: int, device: torch.device) -> torch.Tensor:
+        """``n`` int32 counters for the in-kernel combine, zero between launches (the last
+        program of each head group resets its own). Layers run one after another, so one set
+        serves them all; like the scratch, a set outgrown is kept for graphs holding it. The
+        first set is allocated with room to spare so that capturing a small batch's graph
+        does not allocate one."""
+        cnt = self._counters
+        if cnt is None or cnt.numel() < n or cnt.device != torch.device(device):
+            if cnt is not None:
+                self._retired.append(cnt)
+            cnt = self._counters = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        return cnt
 
     def get(
         self, num_reqs: int, num_heads: int, num_splits: int, head_dim: int, device: torch.device
@@ -376,8 +440,11 @@ def decode_attention(
         min_split_tokens = cfg.min_split_tokens if q.is_cuda else 0
     min_split = -(-min_split_tokens // block_n) * block_n
     small = num_splits > 1 and num_reqs <= cfg.pre_wait_max_reqs
-    early = small and cfg.split_early and not is_fp8(kv_cache.dtype)
+    combine = num_splits > 1 and num_reqs <= cfg.combine_max_reqs
+    # The reduce kernel's early launch is what releasing early buys; with no reduce, nothing.
+    early = small and cfg.split_early and not is_fp8(kv_cache.dtype) and not combine
     m = pdl.mode(q, num_reqs * num_kv_heads * num_splits, pdl_cfg, early=early)
+    counters = workspace.counters(num_reqs * num_kv_heads, q.device) if combine else None
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -423,12 +490,15 @@ def decode_attention(
         PDL=m,
         WINDOW=bool(window),
         SOFTCAP=bool(softcap),
+        COMBINE=combine,
+        cnt_ptr=counters,
+        num_kv_heads=num_kv_heads,
         num_warps=tiles["num_warps"],
         num_stages=tiles["num_stages"],
         maxnreg=tiles.get("maxnreg"),
         **pdl.launch_options(m),
     )
-    if num_splits == 1:
+    if num_splits == 1 or combine:
         return out
     m = pdl.mode(q, num_reqs * num_heads, pdl_cfg)
     _decode_reduce_kernel[(num_reqs, num_heads)](

@@ -172,33 +172,47 @@ def store_tile(acc1, acc, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, stride
 
 
 @triton.jit
+def split_arrive(acc, ws_ptr, cnt_ptr, offs, mask, size, strip, split, SPLIT: tl.constexpr):
+    """Split-K inside the kernel, first half: this program stores its fp32 partial sums
+    ``acc`` at ``ws[split] + offs`` (``size`` values a split) and counts itself done on its
+    output tile's counter (``strip``). True for the tile's last program, which then takes the
+    sum (:func:`split_total`). The barrier puts every thread's stores before the count (one
+    thread's release, as CUTLASS's semaphore)."""
+    tl.store(ws_ptr + split * size + offs, acc, mask=mask)
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr + strip, 1, sem="acq_rel", scope="gpu")
+    return done == SPLIT - 1
+
+
+@triton.jit
+def split_total(acc, ws_ptr, cnt_ptr, offs, mask, size, strip, SPLIT: tl.constexpr):
+    """The tile's last program: the SPLIT partials added in split order (the same sums
+    whichever program finishes last; ``acc`` gives the shape), and the counter reset for the
+    next launch. The partials are read past L1, which may hold lines of the same workspace
+    from an earlier launch."""
+    total = tl.zeros_like(acc)
+    for s in tl.static_range(SPLIT):
+        total += tl.load(ws_ptr + s * size + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    tl.atomic_xchg(cnt_ptr + strip, 0)
+    return total
+
+
+@triton.jit
 def split_fixup(acc, ws_ptr, cnt_ptr, b_ptr, out_ptr, offs_m, offs_n, mask_m, mask_n, M, N,
                 stride_om, strip, split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """Split-K's sum inside the kernel: this program stores its fp32 partial sums ``acc``
-    (``[BLOCK_M, BLOCK_N]``) into ``ws[split]`` (``[SPLIT, M, N]``) and counts itself done on
-    its output tile's counter (``strip``); the tile's last program adds the SPLIT partials in
-    split order (the same sums whichever program finishes last), adds the bias, stores the
-    output and resets the counter for the next launch. A separate sum would cost a launch and a pass over the
-    partials per linear, most of a narrow layer's time at batch 1.
-
-    The barrier puts every thread's stores before the count (one thread's release, as
-    CUTLASS's semaphore); the last program reads the partials past L1, which may hold lines
-    of the same workspace from an earlier launch."""
+    """Split-K's sum inside the kernel (``acc``: ``[BLOCK_M, BLOCK_N]``, the workspace
+    ``[SPLIT, M, N]``): the tile's last program adds the partials, adds the bias and stores
+    the output. A separate sum would cost a launch and a pass over the partials per linear,
+    most of a narrow layer's time at batch 1."""
     offs = offs_m[:, None] * N + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
-    tl.store(ws_ptr + split * M * N + offs, acc, mask=mask)
-    tl.debug_barrier()
-    done = tl.atomic_add(cnt_ptr + strip, 1, sem="acq_rel", scope="gpu")
-    if done == SPLIT - 1:
-        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for s in tl.static_range(SPLIT):
-            total += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    if split_arrive(acc, ws_ptr, cnt_ptr, offs, mask, M * N, strip, split, SPLIT):
+        total = split_total(acc, ws_ptr, cnt_ptr, offs, mask, M * N, strip, SPLIT)
         if HAS_BIAS:
             total += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         dst = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
         tl.store(dst, total.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.atomic_xchg(cnt_ptr + strip, 0)
 
 
 def fit_block_k(block_k: int, k: int, group: int) -> int:

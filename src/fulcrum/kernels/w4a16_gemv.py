@@ -13,15 +13,19 @@ import triton.language as tl
 
 from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
+from fulcrum.kernels.gemv import _rope_epilogue
 from fulcrum.kernels.pdl import sm_count
 from fulcrum.kernels.w4a16_common import (
     auto_split,
+    check,
     check_operands,
     dequant_tile,
     fit_block_k,
     gemv_step,
+    split_arrive,
     split_counters,
     split_fixup,
+    split_total,
     store_tile,
 )
 
@@ -174,11 +178,50 @@ def _gemv1_tile(acc, lo, x_ptr, z_ptr, s_ptr, m_ptr, k0, offs_n, mask_n, offs_r,
 
 
 @triton.jit
+def _gemv1_finish(acc, offs_n, mask_n, b_ptr, out_ptr, N, pos_ptr, cs_ptr, stride_cs, slot_ptr,
+                  kc_ptr, vc_ptr, stride_cb, stride_co, stride_ch, HAS_BIAS: tl.constexpr,
+                  SILU: tl.constexpr, ROPE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, PAGE: tl.constexpr,
+                  KV_FP8: tl.constexpr, V_TOKEN_MAJOR: tl.constexpr,
+                  BLOCK_N: tl.constexpr):  # fmt: skip
+    """The program's summed columns ``acc`` [BLOCK_N] (its physical columns ``offs_n``) into
+    the output: plain, or with the epilogue of ``kernels/gemv.py``'s ``silu_gemv`` (the first
+    half of the columns gate, the second the matching up columns) or ``rope_gemv`` (whole
+    heads, rotary pairs d and d + HEAD_DIM / 2 reordered side by side as its epilogue takes
+    them)."""
+    pid = tl.program_id(0)
+    dt = out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    if SILU:  # as silu_and_mul computes it from gate_up's rounded output
+        HB: tl.constexpr = BLOCK_N // 2
+        g, u = tl.split(tl.permute(tl.reshape(acc.to(dt).to(tl.float32), [2, HB]), (1, 0)))
+        offs_o = pid * HB + tl.arange(0, HB)
+        tl.store(out_ptr + offs_o, (g / (1.0 + tl.exp(-g)) * u).to(dt), mask=offs_o < N)
+    elif ROPE:
+        H: tl.constexpr = BLOCK_N // HEAD_DIM
+        pairs = tl.permute(tl.reshape(acc, [H, 2, HEAD_DIM // 2]), (0, 2, 1))
+        _rope_epilogue(
+            tl.reshape(pairs, [1, BLOCK_N]), pid, N, tl.arange(0, 1), tl.full([1], 1, tl.int1),
+            out_ptr, 0, pos_ptr, cs_ptr, stride_cs, slot_ptr, kc_ptr, vc_ptr, stride_cb,
+            stride_co, stride_ch, HEAD_DIM, NUM_Q_HEADS, NUM_KV_HEADS, PAGE, KV_FP8,
+            V_TOKEN_MAJOR, 1, BLOCK_N,
+        )  # fmt: skip
+    else:
+        tl.store(out_ptr + offs_n, acc.to(dt), mask=mask_n)
+
+
+@triton.jit
 def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, N, K_SPLIT,
-                  stride_q, stride_z, stride_s, expo, GROUP: tl.constexpr, BITS: tl.constexpr,
-                  HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                  FAST: tl.constexpr = False):  # fmt: skip
+                  stride_q, stride_z, stride_s, expo, pos_ptr, cs_ptr, stride_cs, slot_ptr,
+                  kc_ptr, vc_ptr, stride_cb, stride_co, stride_ch, GROUP: tl.constexpr,
+                  BITS: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  PDL: tl.constexpr, FAST: tl.constexpr = False, SILU: tl.constexpr = False,
+                  ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 1,
+                  NUM_Q_HEADS: tl.constexpr = 0, NUM_KV_HEADS: tl.constexpr = 0,
+                  PAGE: tl.constexpr = 1, KV_FP8: tl.constexpr = False,
+                  V_TOKEN_MAJOR: tl.constexpr = False):  # fmt: skip
     """One row of x. A tile lies inside one group, so its scale and zero come out of the sum:
     ``sum_k x_k (q_k - z) s + m sum_k x_k = s (sum_k x_k q_k - z sum_k x_k) + m sum_k x_k``,
     leaving about four instructions per weight in the compiled loop (mask, exact float, fused
@@ -195,11 +238,24 @@ def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cn
 
     Launched with PDL (``kernels/pdl.py``), the first tile's words are read before the wait
     (weights are never written during a step), so they stream while the kernel before
-    finishes; the first tile is peeled off the loop to keep them in registers."""
+    finishes; the first tile is peeled off the loop to keep them in registers.
+
+    ``SILU``: the weight is gate_up's (2N columns); a program owns N-columns ``[p B/2, (p+1)
+    B/2)`` of the gate and the same of up, and stores their SiLU-and-mul (N columns).
+    ``ROPE``: the weight is qkv's; a program owns whole heads, applies rotary to q and k and
+    writes the K/V rows into the paged cache (``_gemv1_finish``)."""
     PACK: tl.constexpr = 32 // BITS
     R: tl.constexpr = BLOCK_K // PACK
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
+    if SILU:
+        j = tl.arange(0, BLOCK_N)
+        col = tl.program_id(0) * (BLOCK_N // 2) + j % (BLOCK_N // 2)
+        offs_n = col + (j // (BLOCK_N // 2)) * N
+        mask_n = col < N
+        n_cols = 2 * N
+    else:
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        n_cols = N
     offs_r = tl.arange(0, R)
     k_start = tl.program_id(1) * K_SPLIT
     w_ptrs = qw_ptr + offs_r[:, None] * stride_q + offs_n[None, :]
@@ -213,14 +269,18 @@ def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cn
         acc = _gemv1_tile(acc, lo, x_ptr, z_ptr, s_ptr, m_ptr, k0, offs_n, mask_n, offs_r,
                           stride_z, stride_s, expo, GROUP, BITS, HAS_MIN, BLOCK_N, R,
                           FAST)  # fmt: skip
-    if SPLIT == 1:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
-    else:
-        split_fixup(acc[None, :], ws_ptr, cnt_ptr, b_ptr, out_ptr, tl.arange(0, 1), offs_n,
-                    tl.full([1], 1, tl.int1), mask_n, 1, N, N, tl.program_id(0), tl.program_id(1),
-                    HAS_BIAS, SPLIT, 1, BLOCK_N)  # fmt: skip
+    last = True
+    if SPLIT > 1:
+        pid = tl.program_id(0)
+        last = split_arrive(acc, ws_ptr, cnt_ptr, offs_n, mask_n, n_cols, pid, tl.program_id(1),
+                            SPLIT)  # fmt: skip
+        if last:
+            acc = split_total(acc, ws_ptr, cnt_ptr, offs_n, mask_n, n_cols, pid, SPLIT)
+    if last:
+        _gemv1_finish(acc, offs_n, mask_n, b_ptr, out_ptr, N, pos_ptr, cs_ptr, stride_cs,
+                      slot_ptr, kc_ptr, vc_ptr, stride_cb, stride_co, stride_ch, HAS_BIAS, SILU,
+                      ROPE, HEAD_DIM, NUM_Q_HEADS, NUM_KV_HEADS, PAGE, KV_FP8, V_TOKEN_MAJOR,
+                      BLOCK_N)  # fmt: skip
 
 
 def _one_row_block_k(block_k: int, k: int, group: int, bits: int) -> int:
@@ -262,19 +322,30 @@ def gemv(
     if one_row is None:
         one_row = m == 1 and block_k1 > 0
     if one_row:
-        cfg = cfg1
-        block_n, _, warps = cfg[:3]
-        block_k = block_k1
-        if m != 1 or not block_k:
+        if m != 1 or not block_k1:
             raise ValueError(f"w4a16: the one-row GEMV takes one row and a K tile inside a "
                              f"group; got {m} rows, K = {k}, group {group}")  # fmt: skip
-        per_sm, min_tiles = 16, 2  # one-warp programs: more of them, shorter
-    else:
-        cfg = config or (GEMV_CONFIG if x.is_cuda else INTERPRET_GEMV_CONFIG)
-        block_n, block_k, warps = cfg[:3]
-        block_k = max(32 // bits, fit_block_k(block_k, k, group))
-        per_sm, min_tiles = 8, 4
+        return _launch1(x, out, qweight, zeros, scales, mins, bias, group, bits, cfg1, block_k1,
+                        n, pdl_cfg)  # fmt: skip
+    cfg = config or (GEMV_CONFIG if x.is_cuda else INTERPRET_GEMV_CONFIG)
+    block_n, block_k, warps = cfg[:3]
+    block_k = max(32 // bits, fit_block_k(block_k, k, group))
     programs = triton.cdiv(n, block_n)
+    split = _split(cfg, x, k, programs, block_k, 8, 4)
+    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    counters = out if split == 1 else split_counters(x.device, programs)
+    _gemv_kernel[(programs, split)](
+        x, qweight, zeros, scales, mins if mins is not None else scales,
+        bias if bias is not None else scales, out, ws, counters, m, n, k, k // split,
+        x.stride(0), qweight.stride(0), zeros.stride(0), scales.stride(0), out.stride(0),
+        GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None, SPLIT=split,
+        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
+def _split(cfg: tuple[int, ...], x: torch.Tensor, k: int, programs: int, block_k: int,
+           per_sm: int, min_tiles: int) -> int:  # fmt: skip
     if len(cfg) > 3:
         split = cfg[3]
     elif x.is_cuda:
@@ -283,21 +354,90 @@ def gemv(
         split = 1
     if split < 1 or k % (split * block_k):
         raise ValueError(f"w4a16: split_k {split} x block_k {block_k} does not divide K = {k}")
-    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    return split
+
+
+def _launch1(x, out, qweight, zeros, scales, mins, bias, group, bits, cfg, block_k, n, pdl_cfg,
+             epilogue: dict | None = None, rope_args: tuple = ()) -> torch.Tensor:  # fmt: skip
+    """The one-row kernel over ``n`` output columns (``epilogue``: its SILU / ROPE
+    constexprs, ``rope_args`` the cache operands). One-warp programs: more of them, shorter,
+    so split-K runs up to 16 programs per SM."""
+    epilogue = epilogue or {}
+    k = x.shape[1]
+    block_n, _, warps = cfg[:3]
+    per_program = block_n // 2 if epilogue.get("SILU") else block_n
+    programs = triton.cdiv(n, per_program)
+    split = _split(cfg, x, k, programs, block_k, 16, 2)
+    cols = qweight.shape[1]  # the weight's columns: 2n for SILU
+    ws = out if split == 1 else torch.empty((split, cols), dtype=torch.float32, device=x.device)
     counters = out if split == 1 else split_counters(x.device, programs)
-    common = dict(GROUP=group, BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None,
-                  SPLIT=split, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)  # fmt: skip
-    operands = (x, qweight, zeros, scales, mins if mins is not None else scales,
-                bias if bias is not None else scales, out, ws, counters)  # fmt: skip
-    if one_row:  # released before its wait, as the bf16 GEMV (``kernels/gemv.py``)
-        mode = pdl.mode(x, programs * split, pdl_cfg, early=True)
-        _gemv1_kernel[(programs, split)](
-            *operands, n, k // split, qweight.stride(0), zeros.stride(0), scales.stride(0),
-            _EXPO, PDL=mode, FAST=x.is_cuda, **common, **pdl.launch_options(mode),
-        )  # fmt: skip
-    else:
-        _gemv_kernel[(programs, split)](
-            *operands, m, n, k, k // split, x.stride(0), qweight.stride(0), zeros.stride(0),
-            scales.stride(0), out.stride(0), BLOCK_M=triton.next_power_of_2(m), **common,
-        )  # fmt: skip
+    if not rope_args:
+        rope_args = (out, out, 0, out, out, out, 0, 0, 0)
+    # released before its wait, as the bf16 GEMV (``kernels/gemv.py``)
+    mode = pdl.mode(x, programs * split, pdl_cfg, early=True)
+    _gemv1_kernel[(programs, split)](
+        x, qweight, zeros, scales, mins if mins is not None else scales,
+        bias if bias is not None else scales, out, ws, counters, n, k // split,
+        qweight.stride(0), zeros.stride(0), scales.stride(0), _EXPO, *rope_args, GROUP=group,
+        BITS=bits, HAS_MIN=mins is not None, HAS_BIAS=bias is not None, SPLIT=split,
+        BLOCK_N=block_n, BLOCK_K=block_k, PDL=mode, FAST=x.is_cuda, num_warps=warps,
+        **epilogue, **pdl.launch_options(mode),
+    )  # fmt: skip
     return out
+
+
+def one_row_fits(x: torch.Tensor, k: int, group: int, bits: int) -> bool:
+    """Whether ``x`` is one row the one-row kernel (and so its epilogues) takes."""
+    cfg = GEMV1_CONFIG if x.is_cuda else INTERPRET_GEMV1_CONFIG
+    return x.dim() == 2 and x.shape[0] == 1 and _one_row_block_k(cfg[1], k, group, bits) > 0
+
+
+def silu_gemv1(x, qweight, zeros, scales, bias, group, bits=4, mins=None,
+               pdl_cfg: PdlConfig = pdl.DEFAULT, config: tuple[int, ...] | None = None,
+               ) -> torch.Tensor:  # fmt: skip
+    """``silu_and_mul(gemv(x, ...))`` for one row of ``x`` against gate_up's packed weight
+    (gate columns, then up columns): ``[1, N]`` in one kernel, as ``kernels/gemv.silu_gemv``
+    for bf16 and FP8 weights."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    check(x, qweight, zeros, scales, mins, group, bits)
+    if qweight.shape[1] % 2:
+        raise ValueError(f"silu_gemv1: gate and up columns, got {qweight.shape[1]} columns")
+    n = qweight.shape[1] // 2
+    cfg = config or (GEMV1_CONFIG if x.is_cuda else INTERPRET_GEMV1_CONFIG)
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    block_k = _one_row_block_k(cfg[1], x.shape[1], group, bits)
+    return _launch1(x, out, qweight, zeros, scales, mins, bias, group, bits, cfg, block_k, n,
+                    pdl_cfg, {"SILU": True})  # fmt: skip
+
+
+def rope_gemv1(x, qweight, zeros, scales, bias, group, bits, mins, positions, cos_sin_cache,
+               kv_cache, slot_mapping, num_heads: int, num_kv_heads: int,
+               pdl_cfg: PdlConfig = pdl.DEFAULT, config: tuple[int, ...] | None = None,
+               ) -> torch.Tensor:  # fmt: skip
+    """qkv's one-row projection with rotary on its q and k heads and its K/V rows written into
+    the paged cache, in one kernel, as ``kernels/gemv.rope_gemv`` for bf16 and FP8 weights.
+    Each program owns whole heads: the kernel's column tile widens to the head where it is
+    narrower (a power-of-two head dim)."""
+    from fulcrum.kv_cache.dtype import is_fp8, v_token_major
+
+    x, out = check_operands(x, qweight, zeros, scales, mins, group, bits)
+    head_dim = cos_sin_cache.shape[1]
+    n = out.shape[1]
+    if n != (num_heads + 2 * num_kv_heads) * head_dim or head_dim & (head_dim - 1):
+        raise ValueError(
+            f"rope_gemv1: {n} columns for {num_heads} + 2 x {num_kv_heads} heads of {head_dim} "
+            "(a power-of-two head dim)"
+        )
+    cfg = config or (GEMV1_CONFIG if x.is_cuda else INTERPRET_GEMV1_CONFIG)
+    cfg = (max(cfg[0], head_dim), *cfg[1:])
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    assert k_cache.shape[2:] == (num_kv_heads, head_dim) and k_cache.stride(-1) == 1
+    assert cos_sin_cache.stride(-1) == 1 and slot_mapping.shape[0] >= 1
+    rope_args = (positions, cos_sin_cache, cos_sin_cache.stride(0), slot_mapping, k_cache,
+                 v_cache, *k_cache.stride()[:3])  # fmt: skip
+    epilogue = dict(ROPE=True, HEAD_DIM=head_dim, NUM_Q_HEADS=num_heads,
+                    NUM_KV_HEADS=num_kv_heads, PAGE=k_cache.shape[1],
+                    KV_FP8=is_fp8(kv_cache.dtype), V_TOKEN_MAJOR=v_token_major(kv_cache.dtype))  # fmt: skip
+    block_k = _one_row_block_k(cfg[1], x.shape[1], group, bits)
+    return _launch1(x, out, qweight, zeros, scales, mins, bias, group, bits, cfg, block_k, n,
+                    pdl_cfg, epilogue, rope_args)  # fmt: skip

@@ -33,7 +33,9 @@ from fulcrum.kernels.lora import lora_expand, lora_rows_torch, lora_shrink
 from fulcrum.lora.adapter import LoRAAdapter
 
 # The base layer's hooks that let a fused kernel run the projection instead of its forward.
-_FAST_PATH_HOOKS = ("gemv_operands", "takes_fp8_rows", "forward_fp8")
+_FAST_PATH_HOOKS = (
+    "gemv_operands", "takes_fp8_rows", "forward_fp8", "takes_one_row", "one_row_epilogue"
+)
 
 # Checkpoint module names that name no projection an adapter may change here.
 _REFUSED = ("embed_tokens", "lm_head")

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fulcrum.kernels import GEMV_MAX_M, w4a16, w4a16_common
+from fulcrum.kernels import GEMV_MAX_M, w4a16, w4a16_common, w4a16_gemv
 from fulcrum.kernels.dispatch import Configured, use_triton
 from fulcrum.quant.base import QuantMethod, register_quant_method
 from fulcrum.quant.int_format import IntWeightFormat, repack
@@ -167,6 +167,35 @@ class IntLinear(Configured, nn.Module):
             swap_ab=kc.int_gemm.swap_ab, dense_rows=kc.int_gemm.dense_rows, pdl_cfg=kc.pdl,
         )  # fmt: skip
         return y.view(*x.shape[:-1], self.out_features)
+
+    # The one-row kernel's epilogues (``model/layers/linear.py``: ``norm_linear`` and
+    # ``norm_linear_rope`` look for these two hooks): SiLU-and-mul in gate_up's projection,
+    # rotary and the K/V write in qkv's, as the bf16 and FP8 layers' GEMV runs them.
+    def takes_one_row(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` is one row that this layer's one-row kernel (and its epilogues) takes."""
+        kc = self.kernel_config
+        return (
+            self.packed
+            and kc.gemv.int_one_row
+            and kc.gemv.max_m >= 1
+            and use_triton(x, kc)
+            and w4a16_gemv.one_row_fits(x, self.in_features, self.group, self.fmt.bits)
+        )
+
+    def one_row_epilogue(self, x: torch.Tensor, silu: bool = False, rope=None) -> torch.Tensor:
+        """This layer on one row (``takes_one_row``) with SiLU-and-mul applied to its gate and
+        up halves (``silu``) or rotary and the K/V write of ``rope`` (a ``RopeKV``: the
+        projection is qkv's) in the kernel's epilogue."""
+        if self.perm is not None:
+            x = x.index_select(1, self.perm)
+        ops = (x, self.qweight, self.zeros, self.scales, self.bias, self.group, self.fmt.bits)
+        pdl_cfg = self.kernel_config.pdl
+        if silu:
+            return w4a16_gemv.silu_gemv1(*ops, mins=self.mins, pdl_cfg=pdl_cfg)
+        return w4a16_gemv.rope_gemv1(
+            *ops, self.mins, rope.positions, rope.cos_sin_cache, rope.kv_cache,
+            rope.slot_mapping, rope.num_heads, rope.num_kv_heads, pdl_cfg=pdl_cfg,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         f = self.fmt

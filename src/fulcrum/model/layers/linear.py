@@ -73,6 +73,13 @@ def _fp8_rows(layer: nn.Module, x: torch.Tensor, kc: KernelConfig) -> bool:
     return kc.fuse_fp8_quant and takes is not None and takes(x)
 
 
+def _int_one_row(layer: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``layer`` is a packed integer layer whose one-row kernel takes ``x`` with an
+    epilogue (``quant/int4.py``: ``takes_one_row`` / ``one_row_epilogue``)."""
+    takes = getattr(layer, "takes_one_row", None)
+    return takes is not None and takes(x)
+
+
 def silu_linear(y: torch.Tensor, layer: nn.Module, kc: KernelConfig) -> torch.Tensor:
     """``layer(silu_and_mul(y))``; an FP8 layer's GEMM takes the activation already quantized
     (one kernel for both, ``kc.fuse_fp8_quant``)."""
@@ -108,6 +115,9 @@ def norm_linear(
     else:
         x, h = _norm(norm, x, residual)
         operands = _one_row_operands(layer, x, kc) if silu and kc.gemv.fuse_silu else None
+        if operands is None and silu and kc.gemv.fuse_silu and _int_one_row(layer, x):
+            act = layer.one_row_epilogue(x, silu=True)
+            return (act if then is None else then(act)), h
         if operands is not None:
             from fulcrum.kernels import gemv
 
@@ -145,14 +155,18 @@ def norm_linear_rope(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(qkv, h)`` as :func:`norm_linear` gives them, with rotary applied to q and k and the
     K/V rows written into the cache by the projection's own one-row GEMV
-    (``gemv.rope_gemv``, when ``kc.gemv.fuse_rope``): the rotary kernel's launch drops out of
-    the decode step. None where that does not apply (the caller then runs the two kernels)."""
+    (``gemv.rope_gemv``, when ``kc.gemv.fuse_rope``; a packed integer layer's one-row kernel
+    likewise): the rotary kernel's launch drops out of the decode step. None where that does
+    not apply (the caller then runs the two kernels)."""
     cs = rope.cos_sin_cache
     if not kc.gemv.fuse_rope or cs is None or cs.shape[1] != rope.head_dim:
         return None
     operands = _one_row_operands(layer, x, kc)
-    if operands is None:
-        return None
+    if operands is None:  # a packed integer layer's one-row kernel: whole power-of-two heads
+        if rope.head_dim & (rope.head_dim - 1) or not _int_one_row(layer, x):
+            return None
+        x, h = _norm(norm, x, residual)
+        return layer.one_row_epilogue(x, rope=rope), h
     from fulcrum.kernels import gemv
 
     weight, bias, scale = operands
