@@ -376,6 +376,44 @@ def test_fused_fp8_quant_gives_the_same_tokens(tiny_llama: str) -> None:
     assert got[True] == got[False]
 
 
+def test_int4_one_row_epilogues_and_combined_splits_give_the_same_tokens(
+    tiny_llama, tmp_path, monkeypatch
+):
+    """One request at a time on a GPTQ checkpoint (group 32, asymmetric): rotary + the K/V
+    write and SiLU-and-mul in the one-row W4A16 kernel's epilogues (``gemv.fuse_rope`` /
+    ``fuse_silu``), and decode attention's splits combined by their last program
+    (``attention.combine_max_reqs``), against both off: the same sums, so the same greedy
+    tokens, decode graphs included."""
+    from int_quantizer import write_quantized
+
+    from fulcrum.kernels import w4a16_gemv
+
+    calls: list[str] = []
+    for name in ("silu_gemv1", "rope_gemv1"):
+        real = getattr(w4a16_gemv, name)
+        monkeypatch.setattr(
+            w4a16_gemv, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k)
+        )
+    path, ref = str(tmp_path / "gptq"), str(tmp_path / "ref")
+    write_quantized(tiny_llama, path, ref, "gptq", 4, 32, sym=False, desc_act=False)
+    prompts = _prompts(3, 300, seed=5)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    got = {}
+    for on in (True, False):
+        kc = {"gemv": {"fuse_rope": on, "fuse_silu": on},
+              "attention": {"combine_max_reqs": 4 if on else 0}}  # fmt: skip
+        llm = LLM(path, device="cuda", dtype="bfloat16", num_kv_blocks=1024, max_num_seqs=8,
+                  kernel_config=kc)  # fmt: skip
+        assert llm.core.runner.use_cuda_graphs
+        got[on] = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids
+                   for p in prompts]  # fmt: skip
+        del llm
+        gc.collect()
+        assert ("silu_gemv1" in calls and "rope_gemv1" in calls) == on
+        calls.clear()
+    assert got[True] == got[False]
+
+
 def test_prompt_logprobs_through_piecewise_graphs(tiny_llama: str) -> None:
     """Prompt logprobs read from the piecewise graphs' hidden states, over several chunks
     (300-token prompts at a 256-token budget), equal those of eager steps (float32), and score
