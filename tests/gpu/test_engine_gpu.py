@@ -384,9 +384,8 @@ def test_int4_one_row_epilogues_and_combined_splits_give_the_same_tokens(
     ``fuse_silu``), and decode attention's splits combined by their last program
     (``attention.combine_max_reqs``), against both off: the same sums, so the same greedy
     tokens, decode graphs included."""
-    from int_quantizer import write_quantized
-
     from fulcrum.kernels import w4a16_gemv
+    from int_quantizer import write_quantized
 
     calls: list[str] = []
     for name in ("silu_gemv1", "rope_gemv1"):
