@@ -18,6 +18,7 @@
     norope    rotary + the K/V write as their own kernel at batch 1 (gemv.fuse_rope off)
     noprewait  decode attention at batch <= 4 reads its inputs after its PDL wait
               (attention.pre_wait_max_reqs = 0)
+    noqknorm  Qwen3's q/k norms as their own kernels before rotary (attention.fuse_qk_norm off)
     nosplitearly  the decode split grid at batch <= 4 releases the reduce kernel at its exit
               (attention.split_early off)
     nographpatch  the previous step's sampled ids patched in by a launch before each decode
@@ -72,6 +73,7 @@ VARIANT_KERNEL_CONFIG: dict[str, dict] = {
     "norope": {"gemv": {"fuse_rope": False}},
     "noprewait": {"attention": {"pre_wait_max_reqs": 0}},
     "nosplitearly": {"attention": {"split_early": False}},
+    "noqknorm": {"attention": {"fuse_qk_norm": False}},
     "sortsampler": {"fused_sampler": False},
     "nographsample": {"sample_in_graph": False},
     "nographpatch": {"graph_patch": False},
@@ -100,7 +102,8 @@ def _merge(into: dict, extra: dict) -> dict:
     return into
 
 
-def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: int | None) -> None:
+def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: int | None,
+            model: str = g.MODEL) -> None:  # fmt: skip
     engine = dict(g.ENGINE)
     if max_num_seqs:
         engine["max_num_seqs"] = max_num_seqs
@@ -148,7 +151,7 @@ def variant(name: str, sections: list[str], max_num_seqs: int | None, budget: in
         torch.backends.cuda.preferred_blas_library("cublaslt")
     from fulcrum import LLM
 
-    llm = LLM(g.MODEL, **engine)
+    llm = LLM(model if not g.SMOKE else g.MODEL, **engine)
     drv = g.Driver(llm)
     t_end = time.perf_counter() + 1e9
     drv.run(g.workload(8, 300, 16, 99), t_end)  # warm-up
@@ -192,14 +195,20 @@ def main() -> None:
         default=[None],
         help="step token budgets to run each variant at (default: the engine's 8,192)",
     )
+    ap.add_argument(
+        "--model", default=g.MODEL, help="configs/ shape for every variant (floors stay the 8B's)"
+    )
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     args = ap.parse_args()
     sections = [s for s in args.sections.split(",") if not (args.skip_long and s == "1000/1000")]
     if args.variant:
-        return variant(args.variant, sections, args.max_num_seqs, args.max_num_batched_tokens[0])
+        return variant(
+            args.variant, sections, args.max_num_seqs, args.max_num_batched_tokens[0], args.model
+        )
     for budget in args.max_num_batched_tokens:
         for name in args.order:
             cmd = [sys.executable, __file__, "--variant", name, "--sections", ",".join(sections)]
+            cmd += ["--model", args.model]
             cmd += ["--max-num-seqs", str(args.max_num_seqs)] if args.max_num_seqs else []
             cmd += ["--max-num-batched-tokens", str(budget)] if budget else []
             print(f"== {name}" + (f", budget {budget}" if budget else ""), flush=True)

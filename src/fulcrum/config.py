@@ -484,6 +484,9 @@ class AttentionKernelConfig:
     """The Triton attention backend and its split-KV decode kernel."""
 
     fuse_rope_kv: bool = _knob(True, "Rotary and the K/V cache write in one kernel.")
+    fuse_qk_norm: bool = _knob(
+        True, "Per-head RMSNorms of q and k (Qwen3) in that rotary kernel, not two launches."
+    )
     order_min_reqs: int = _knob(
         64, "From this many decode requests, run them longest context first."
     )

@@ -85,3 +85,44 @@ def test_rotary_with_kv_write_matches_rotary_then_cache(cache_dtype: torch.dtype
     assert torch.equal(qkv, want_qkv)
     assert torch.equal(cache.view(torch.uint8), want_cache.view(torch.uint8))
     assert not torch.equal(cache.view(torch.uint8), before.view(torch.uint8))  # it wrote
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_with_qk_norm_matches_norms_then_rotary(dtype: torch.dtype) -> None:
+    """``qk_norm``: each head of q and of k RMSNormed (Qwen3) in the rotary kernel, in place on
+    the strided views of qkv, against ``rms_norm`` on contiguous copies then rotary + the
+    cache write: same q and k to the dtype's rounding (the sum of squares adds the two halves
+    apart), same cache rows."""
+    from paged_batch import make_paged_batch
+
+    from fulcrum.kernels.rmsnorm import rms_norm
+
+    g = torch.Generator().manual_seed(5)
+    hq, hkv, d, eps = 6, 2, 32, 1e-6
+    cache, meta = make_paged_batch([9, 1, 23], [9, 1, 5], hkv, d, 4, generator=g)
+    t = meta.num_tokens
+    qkv = (torch.randn(t, hq + 2 * hkv, d, generator=g) * 3).to(dtype)
+    cache = cache.to(dtype)
+    qw, kw = (torch.rand(d, generator=g) + 0.5).to(dtype), (torch.rand(d, generator=g) + 0.5).to(dtype)
+    pos = torch.randint(0, 500, (t,), generator=g)
+    cs = _cos_sin_cache(512, d)
+
+    def views(x):
+        return x[:, :hq], x[:, hq : hq + hkv], x[:, hq + hkv :]
+
+    q, k, v = views(qkv.clone())
+    q = rms_norm(q.contiguous().view(-1, d), qw, eps).view(t, hq, d)
+    k = rms_norm(k.contiguous().view(-1, d), kw, eps).view(t, hkv, d)
+    want_cache = cache.clone()
+    want_q, want_k = apply_rotary(q, k, pos, cs, kv_write=(v, want_cache, meta.slot_mapping))
+    got_qkv = qkv.clone()
+    q, k, v = views(got_qkv)
+    got_cache = cache.clone()
+    apply_rotary(q, k, pos, cs, kv_write=(v, got_cache, meta.slot_mapping), qk_norm=(qw, kw, eps))
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.02, rtol=0.02)
+    torch.testing.assert_close(q, want_q, **tol)
+    torch.testing.assert_close(k, want_k, **tol)
+    torch.testing.assert_close(got_cache, want_cache, **tol)
+    assert torch.equal(v, views(qkv)[2])  # v passes through
+    with pytest.raises(ValueError, match="qk_norm"):
+        apply_rotary(q, k, pos, _cos_sin_cache(512, d // 2), qk_norm=(qw, kw, eps))

@@ -124,6 +124,21 @@ def test_emulated_piecewise_prefill_graphs_match_eager(tiny_models, arch, extra)
     llm.core.scheduler.kv.check_integrity()
 
 
+def test_qwen3_qk_norm_in_the_rotary_kernel_gives_the_same_tokens(tiny_models):
+    """Qwen3's per-head q/k norms fused into the Triton backend's rotary kernel
+    (``attention.fuse_qk_norm``) against the two norm kernels before it and against the torch
+    backend: the same greedy tokens over prefill chunks and decode steps."""
+    rng = random.Random(9)
+    prompts = [[rng.randrange(3, 320) for _ in range(rng.randrange(3, 30))] for _ in range(3)]
+    max_tokens = [6, 4, 5]
+    kw = dict(device="cpu", dtype="float32", max_num_seqs=4, max_num_batched_tokens=24)
+    want = _eager(tiny_models["qwen3"], prompts, max_tokens, **kw)
+    for fuse in (True, False):
+        llm = LLM(tiny_models["qwen3"], attention_backend="triton",
+                  kernel_config={"attention": {"fuse_qk_norm": fuse}}, **kw)  # fmt: skip
+        assert _greedy(llm, prompts, max_tokens) == want
+
+
 def test_token_buckets():
     from fulcrum.worker.piecewise_graph import token_buckets
 

@@ -24,10 +24,22 @@ import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
+from torch import nn
 
 from fulcrum.config import KernelConfig
+
+
+class QKNorm(NamedTuple):
+    """Norms over each head of q and of k, applied before rotary (Qwen3). ``rms``: ``(q weight,
+    k weight, eps)`` where both are plain RMSNorms (``kernels/rmsnorm.py``'s numerics) that a
+    backend may fuse into its rotary kernel; None where they are not."""
+
+    q: nn.Module
+    k: nn.Module
+    rms: tuple[torch.Tensor, torch.Tensor, float] | None
 
 
 @dataclass
@@ -153,9 +165,13 @@ class AttentionBackend(ABC):
         v: torch.Tensor,
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
+        qk_norm: QKNorm | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotary on ``q``/``k`` (``rope(positions, q, k)``), then :meth:`write_kv` of the
-        rotated ``k`` and ``v``; returns the rotated ``(q, k)``. A backend may fuse the two."""
+        rotated ``k`` and ``v``; returns the rotated ``(q, k)``. ``qk_norm``: the norms of each
+        head of q and of k (Qwen3) applied before rotary. A backend may fuse all of it."""
+        if qk_norm is not None:
+            q, k = qk_norm.q(q.contiguous()), qk_norm.k(k.contiguous())
         q, k = rope(positions, q, k)
         self.write_kv(k, v, kv_cache, slot_mapping)
         return q, k

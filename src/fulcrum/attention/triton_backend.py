@@ -64,13 +64,25 @@ class TritonAttentionBackend(AttentionBackend):
             plan = meta.backend_cache["triton_plan"] = (has_decode, work if len(items) else None)
         return plan
 
-    def rope_and_write_kv(self, rope, positions, q, k, v, kv_cache, slot_mapping):
+    def rope_and_write_kv(self, rope, positions, q, k, v, kv_cache, slot_mapping, qk_norm=None):
         cos_sin = getattr(rope, "cos_sin_cache", None)
         kc = self.kernel_config
-        if cos_sin is None or not kc.attention.fuse_rope_kv:
-            return super().rope_and_write_kv(rope, positions, q, k, v, kv_cache, slot_mapping)
+        fuse = cos_sin is not None and kc.attention.fuse_rope_kv
+        if fuse and qk_norm is not None:  # plain RMSNorms over whole heads, if switched on
+            fuse = (
+                kc.attention.fuse_qk_norm
+                and qk_norm.rms is not None
+                and cos_sin.shape[1] == q.shape[-1]
+            )
+        if not fuse:
+            return super().rope_and_write_kv(
+                rope, positions, q, k, v, kv_cache, slot_mapping, qk_norm
+            )
         kv_write = (v, kv_cache, slot_mapping)
-        return apply_rotary(q, k, positions, cos_sin, kv_write=kv_write, pdl_cfg=kc.pdl)
+        norm = qk_norm.rms if qk_norm is not None else None
+        return apply_rotary(
+            q, k, positions, cos_sin, kv_write=kv_write, pdl_cfg=kc.pdl, qk_norm=norm
+        )
 
     def write_kv(
         self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor

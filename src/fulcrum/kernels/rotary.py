@@ -9,7 +9,10 @@ row splits into halves ``x1 = x[:R/2]``, ``x2 = x[R/2:R]``::
 
 One program per token rotates all its query and key heads; math in fp32. Given the step's KV
 cache and slots, the same program then writes the token's rotated K and its V into the cache
-(what ``reshape_and_cache`` does), saving a launch per layer.
+(what ``reshape_and_cache`` does), saving a launch per layer. Given ``qk_norm`` (Qwen3's RMSNorm
+over each head of q and of k before rotary), the same program first normalizes each head as
+``kernels/rmsnorm.py`` does (the normed row rounded to the dtype, then the weight), saving the
+two norms' launches and the copies of q and k they read.
 """
 
 from __future__ import annotations
@@ -30,19 +33,29 @@ def _rotate_rows(
     stride_h,
     cos,
     sin,
+    w_ptr,
+    eps,
     NUM_HEADS: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    NORM: tl.constexpr,  # RMSNorm each head (rotary over the whole head) with w_ptr's weight
 ):
     offs_h = tl.arange(0, BLOCK_H)
     offs_r = tl.arange(0, BLOCK_HALF)
-    mask = (offs_h[:, None] < NUM_HEADS) & (offs_r[None, :] < HALF)
+    mask_r = offs_r < HALF
+    mask = (offs_h[:, None] < NUM_HEADS) & mask_r[None, :]
     p1 = x_ptr + row_off + offs_h[:, None] * stride_h + offs_r[None, :]
     x1 = tl.load(p1, mask=mask, other=0.0)
     x2 = tl.load(p1 + HALF, mask=mask, other=0.0)
     a = x1.to(tl.float32)
     b = x2.to(tl.float32)
+    if NORM:  # as rmsnorm.py: statistics in fp32, normed row rounded, times the weight, rounded
+        rstd = tl.rsqrt((tl.sum(a * a, 1) + tl.sum(b * b, 1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(w_ptr + offs_r, mask=mask_r, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + offs_r, mask=mask_r, other=0.0).to(tl.float32)[None, :]
+        a = ((a * rstd).to(x1.dtype).to(tl.float32) * w1).to(x1.dtype).to(tl.float32)
+        b = ((b * rstd).to(x1.dtype).to(tl.float32) * w2).to(x1.dtype).to(tl.float32)
     tl.store(p1, (a * cos - b * sin).to(x1.dtype), mask=mask)
     tl.store(p1 + HALF, (b * cos + a * sin).to(x1.dtype), mask=mask)
 
@@ -80,6 +93,10 @@ def _rotary_kernel(
     FP8: tl.constexpr,
     V_TOKEN_MAJOR: tl.constexpr,
     PDL: tl.constexpr,
+    NORM: tl.constexpr = False,
+    qw_ptr=None,  # NORM: the q and k heads' RMSNorm weights [HEAD_DIM] and eps
+    kw_ptr=None,
+    eps=0.0,
 ):
     pdl.wait(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -88,8 +105,10 @@ def _rotary_kernel(
     mask_r = offs_r < HALF
     cos = tl.load(cache_ptr + pos * stride_c + offs_r, mask=mask_r, other=0.0)[None, :]
     sin = tl.load(cache_ptr + pos * stride_c + HALF + offs_r, mask=mask_r, other=0.0)[None, :]
-    _rotate_rows(q_ptr, t * stride_qt, stride_qh, cos, sin, NUM_Q_HEADS, HALF, BLOCK_HQ, BLOCK_HALF)
-    _rotate_rows(k_ptr, t * stride_kt, stride_kh, cos, sin, NUM_K_HEADS, HALF, BLOCK_HK, BLOCK_HALF)
+    _rotate_rows(q_ptr, t * stride_qt, stride_qh, cos, sin, qw_ptr, eps, NUM_Q_HEADS, HALF,
+                 BLOCK_HQ, BLOCK_HALF, NORM)  # fmt: skip
+    _rotate_rows(k_ptr, t * stride_kt, stride_kh, cos, sin, kw_ptr, eps, NUM_K_HEADS, HALF,
+                 BLOCK_HK, BLOCK_HALF, NORM)  # fmt: skip
     if WRITE_KV:
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
@@ -108,17 +127,22 @@ def apply_rotary(
     cos_sin_cache: torch.Tensor,  # [max_position, rotary_dim] float32: [cos | sin]
     kv_write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     pdl_cfg: PdlConfig = pdl.DEFAULT,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate ``q`` and ``k`` in place by their tokens' positions; returns ``(q, k)``.
 
     ``q``/``k`` may be strided views (slices of a fused qkv output) with ``head_dim`` contiguous.
     ``kv_write = (v, kv_cache, slot_mapping)`` also writes the rotated ``k`` and ``v`` into the
     paged cache, as :func:`~fulcrum.kernels.reshape_and_cache.reshape_and_cache` would.
+    ``qk_norm = (q_weight, k_weight, eps)`` first RMSNorms every head of q and of k (the rotary
+    dim must then be the head dim).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_k_heads = k.shape[1]
     rot = cos_sin_cache.shape[1]
     assert rot % 2 == 0 and rot <= head_dim and k.shape[0] == num_tokens
+    if qk_norm is not None and rot != head_dim:
+        raise ValueError(f"apply_rotary: qk_norm needs rotary over the whole head ({rot} of {head_dim})")
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
     if num_tokens == 0:
         return q, k
@@ -158,6 +182,10 @@ def apply_rotary(
         BLOCK_HK=triton.next_power_of_2(num_k_heads),
         BLOCK_HALF=triton.next_power_of_2(rot // 2),
         PDL=m,
+        NORM=qk_norm is not None,
+        qw_ptr=qk_norm[0] if qk_norm else None,
+        kw_ptr=qk_norm[1] if qk_norm else None,
+        eps=qk_norm[2] if qk_norm else 0.0,
         num_warps=4,
         **pdl.launch_options(m),
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fulcrum.attention.backend import AttentionBackend, AttentionMetadata
+from fulcrum.attention.backend import AttentionBackend, AttentionMetadata, QKNorm
 from fulcrum.config import KernelConfig
 from fulcrum.distributed.layers import local_args, parallelize
 from fulcrum.distributed.parallel_state import tp_size
@@ -125,15 +125,21 @@ class Attention(Configured, nn.Module):
         q = q.view(-1, a.num_heads, a.head_dim)
         k = k.view(-1, a.num_kv_heads, a.head_dim)
         v = v.view(-1, a.num_kv_heads, a.head_dim)
-        if a.qk_norm:
-            q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
+        qk_norm = self._qk_norm() if a.qk_norm else None
+        if qk_norm is not None and self.rope is None:
+            q, k = qk_norm.q(q.contiguous()), qk_norm.k(k.contiguous())
         if fused is None and self.rope is None:  # a layer without rotary (SmolLM3's NoPE)
             self.backend.write_kv(k, v, kv_cache, slot_mapping)
-        elif fused is None:
+        elif fused is None:  # the backend may norm q and k in its rotary kernel
             q, k = self.backend.rope_and_write_kv(
-                self.rope, positions, q, k, v, kv_cache, slot_mapping
+                self.rope, positions, q, k, v, kv_cache, slot_mapping, qk_norm
             )
         return q, k, v, residual
+
+    def _qk_norm(self) -> QKNorm:
+        qn, kn = self.q_norm, self.k_norm
+        plain = type(qn) is RMSNorm and type(kn) is RMSNorm and qn.eps == kn.eps
+        return QKNorm(qn, kn, (qn.weight, kn.weight, qn.eps) if plain else None)
 
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
         """The attention rows ``[T, heads * D]`` (``o_proj``'s input)."""
