@@ -188,7 +188,7 @@ def report_w4a16(
     const |= dict(BLOCK_N=block_n, BLOCK_K=block_k)
     if one_row:
         const.pop("BLOCK_M")
-        const["PDL"] = 0
+        const |= dict(PDL=0, FAST=True, **w4a16_gemv_mod.PLAIN_EPILOGUE)
         k = _compile(w4a16_gemv_mod._gemv1_kernel, pointers, const, arch, warps, 1, None)
     else:
         k = _compile(w4a16_gemv_mod._gemv_kernel, pointers, const, arch, warps, 1, None)

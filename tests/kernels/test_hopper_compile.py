@@ -90,7 +90,7 @@ block_n, block_k, warps = w4a16_gemv.GEMV1_CONFIG
 ptrs = dict(x_ptr="*bf16", qw_ptr="*i32", z_ptr="*u8", s_ptr="*bf16", m_ptr="*bf16",
             b_ptr="*bf16", out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
 const = dict(GROUP=128, BITS=4, HAS_MIN=False, HAS_BIAS=False, SPLIT=2, BLOCK_N=block_n,
-             BLOCK_K=block_k, PDL=0, FAST=True)
+             BLOCK_K=block_k, PDL=0, FAST=True, **w4a16_gemv.PLAIN_EPILOGUE)
 k = kr._compile(w4a16_gemv._gemv1_kernel, ptrs, const, 90, warps, 1, None)
 _, spill, sass = kr._ptxas(k.asm["ptx"], 90)
 loop = kr.main_loop(sass)

@@ -37,6 +37,10 @@ GEMV1_CONFIG = (128, 64, 1)
 INTERPRET_GEMV1_CONFIG = (16, 16, 1)
 _EXPO = 150 << 23  # float bits of 2**23 (``_gemv1_kernel``'s ``expo``)
 INTERPRET_GEMV_CONFIG = (16, 16, 1)
+# The one-row kernel's epilogue constexprs for a plain projection (``silu_gemv1`` and
+# ``rope_gemv1`` replace them).
+PLAIN_EPILOGUE = dict(SILU=False, ROPE=False, HEAD_DIM=1, NUM_Q_HEADS=0, NUM_KV_HEADS=0, PAGE=1,
+                      KV_FP8=False, V_TOKEN_MAJOR=False)  # fmt: skip
 
 
 @triton.jit
@@ -217,11 +221,10 @@ def _gemv1_kernel(x_ptr, qw_ptr, z_ptr, s_ptr, m_ptr, b_ptr, out_ptr, ws_ptr, cn
                   kc_ptr, vc_ptr, stride_cb, stride_co, stride_ch, GROUP: tl.constexpr,
                   BITS: tl.constexpr, HAS_MIN: tl.constexpr, HAS_BIAS: tl.constexpr,
                   SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  PDL: tl.constexpr, FAST: tl.constexpr = False, SILU: tl.constexpr = False,
-                  ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 1,
-                  NUM_Q_HEADS: tl.constexpr = 0, NUM_KV_HEADS: tl.constexpr = 0,
-                  PAGE: tl.constexpr = 1, KV_FP8: tl.constexpr = False,
-                  V_TOKEN_MAJOR: tl.constexpr = False):  # fmt: skip
+                  PDL: tl.constexpr, FAST: tl.constexpr, SILU: tl.constexpr,
+                  ROPE: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_Q_HEADS: tl.constexpr,
+                  NUM_KV_HEADS: tl.constexpr, PAGE: tl.constexpr, KV_FP8: tl.constexpr,
+                  V_TOKEN_MAJOR: tl.constexpr):  # fmt: skip
     """One row of x. A tile lies inside one group, so its scale and zero come out of the sum:
     ``sum_k x_k (q_k - z) s + m sum_k x_k = s (sum_k x_k q_k - z sum_k x_k) + m sum_k x_k``,
     leaving about four instructions per weight in the compiled loop (mask, exact float, fused
@@ -362,10 +365,10 @@ def _launch1(x, out, qweight, zeros, scales, mins, bias, group, bits, cfg, block
     """The one-row kernel over ``n`` output columns (``epilogue``: its SILU / ROPE
     constexprs, ``rope_args`` the cache operands). One-warp programs: more of them, shorter,
     so split-K runs up to 16 programs per SM."""
-    epilogue = epilogue or {}
+    epilogue = {**PLAIN_EPILOGUE, **(epilogue or {})}
     k = x.shape[1]
     block_n, _, warps = cfg[:3]
-    per_program = block_n // 2 if epilogue.get("SILU") else block_n
+    per_program = block_n // 2 if epilogue["SILU"] else block_n
     programs = triton.cdiv(n, per_program)
     split = _split(cfg, x, k, programs, block_k, 16, 2)
     cols = qweight.shape[1]  # the weight's columns: 2n for SILU
