@@ -58,8 +58,11 @@ MAX_SPLITS = 32
 #                      Measured faster on an H200 at batch 1, bf16 and FP8 alike.
 #   split_early        there, the split grid of a 16-bit cache (e.g. 32 splits x 8 kv heads at
 #                      batch 1: 256 programs, all resident at once at 4 per multiprocessor) also
-#                      lets the reduce kernel launch before its own wait, so the reduce's launch
-#                      hides behind the splits. An FP8 cache's deeper pipeline fits fewer
+#                      lets the next kernel (the reduce, or after combine_max_reqs's in-kernel
+#                      combine the one after attention) launch before its own wait, so that
+#                      launch hides behind the splits.
+#   combine_max_reqs   up to this many requests no reduce kernel runs: each head group's last
+#                      split program combines the splits (see above). An FP8 cache's deeper pipeline fits fewer
 #                      programs per multiprocessor and measured slower releasing early, so it
 #                      keeps the plain launch.
 #   min_split_tokens   a split takes at least this many tokens (rounded up to the tile), so a
@@ -441,8 +444,9 @@ def decode_attention(
     min_split = -(-min_split_tokens // block_n) * block_n
     small = num_splits > 1 and num_reqs <= cfg.pre_wait_max_reqs
     combine = num_splits > 1 and num_reqs <= cfg.combine_max_reqs
-    # The reduce kernel's early launch is what releasing early buys; with no reduce, nothing.
-    early = small and cfg.split_early and not is_fp8(kv_cache.dtype) and not combine
+    # Releasing early lets the next kernel launch during the splits: the reduce, or with the
+    # combine in the splits the kernel after attention (o_proj's GEMV, its first weight tile).
+    early = small and cfg.split_early and not is_fp8(kv_cache.dtype)
     m = pdl.mode(q, num_reqs * num_kv_heads * num_splits, pdl_cfg, early=early)
     counters = workspace.counters(num_reqs * num_kv_heads, q.device) if combine else None
     _decode_split_kernel[(num_reqs, num_kv_heads, num_splits)](
