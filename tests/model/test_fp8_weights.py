@@ -65,7 +65,10 @@ def test_fp8_engine_close_to_full_precision(tiny_models, arch: str) -> None:
     layer = llm.core.runner.model.model.layers[0]
     assert isinstance(layer.self_attn.qkv_proj, Fp8Linear)
     assert layer.mlp.down_proj.weight.dtype == torch.float8_e4m3fn
-    assert llm.core.runner.model.lm_head.weight.dtype == torch.float32  # stays unquantized
+    lm_head = llm.core.runner.model.lm_head  # stays unquantized; on the CPU its weight may live
+    # only in the oneDNN-packed copy, when start-up measures that copy faster at every row count
+    held = lm_head.weight if lm_head.weight is not None else lm_head.packed
+    assert held.dtype == torch.float32
     got, got_top = _greedy_top(llm, prompts, 12)
     for i in range(len(prompts)):
         assert_first_divergence_in_top(got[i], got_top[i], ref[i], ref_top[i], f"prompt {i}")
