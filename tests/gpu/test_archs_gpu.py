@@ -1,5 +1,6 @@
-"""Granite, OLMo 2 and SmolLM3 on CUDA: tiny random models in bf16 (decode graphs, the piecewise prefill
-graphs, the Triton kernels) against transformers by the top-5 rule."""
+"""Granite, OLMo 2, SmolLM3 and Qwen3 (its q/k norms inside the rotary kernel) on CUDA: tiny
+random models in bf16 (decode graphs, the piecewise prefill graphs, the Triton kernels) against
+transformers by the top-5 rule."""
 
 from __future__ import annotations
 
@@ -20,6 +21,6 @@ from model_factory import make_tiny_model  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("arch", ["granite", "olmo2", "smollm3"])
+@pytest.mark.parametrize("arch", ["granite", "olmo2", "smollm3", "qwen3"])
 def test_arch_matches_hf_on_cuda(tmp_path, arch: str) -> None:
     _check_against_hf(make_tiny_model(str(tmp_path / arch), arch), _prompts(8, 320), 32)
