@@ -57,6 +57,56 @@ check_fits(built)
 print(sorted({(c.name, c.shared) for c in built}))
 """
 
+_FUSED = """
+import torch
+from hopper import check_fits, compile_for_hopper
+from fulcrum.config import AttentionKernelConfig
+from fulcrum.kernels import w4a16_gemv
+from fulcrum.kernels.decode_attention import decode_attention
+from fulcrum.kernels.rotary import apply_rotary
+
+with compile_for_hopper() as built:
+    # the one-row INT4 kernel's epilogues at Llama-3.1-8B's gate_up and qkv, split-K as on CUDA
+    for k, n in ((4096, 28672), (4096, 6144)):
+        qweight = torch.empty(k // 8, n, dtype=torch.int32)
+        zeros = torch.empty(k // 128, n, dtype=torch.uint8)
+        scales = torch.empty(k // 128, n, dtype=torch.bfloat16)
+        x = torch.empty(1, k, dtype=torch.bfloat16)
+        for split in (1, 4):
+            cfg = w4a16_gemv.GEMV1_CONFIG + (split,)
+            if n == 28672:
+                w4a16_gemv.silu_gemv1(x, qweight, zeros, scales, None, 128, config=cfg)
+                continue
+            for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+                cache = torch.empty(2, 64, 16, 8, 128, dtype=cache_dtype)
+                w4a16_gemv.rope_gemv1(
+                    x, qweight, zeros, scales, None, 128, 4, None, torch.zeros(1, dtype=torch.long),
+                    torch.empty(4096, 128), cache, torch.zeros(1, dtype=torch.long), 32, 8,
+                    config=cfg,
+                )
+    # Qwen3's q/k norms in the rotary kernel; decode attention's splits combined in-kernel
+    q, k, v = torch.empty(4, 40, 128, dtype=torch.bfloat16).split([32, 4, 4], dim=1)
+    cache = torch.empty(2, 64, 16, 4, 128, dtype=torch.bfloat16)
+    w = torch.empty(128, dtype=torch.bfloat16)
+    slots = torch.zeros(4, dtype=torch.long)
+    apply_rotary(q, k, slots, torch.empty(4096, 128), (v, cache, slots), qk_norm=(w, w, 1e-6))
+    for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        cache = torch.empty(2, 64, 16, 8, 128, dtype=cache_dtype)
+        decode_attention(torch.empty(1, 32, 128, dtype=torch.bfloat16), cache,
+                         torch.zeros(1, 64, dtype=torch.int32), torch.full((1,), 900, dtype=torch.int32),
+                         0.1, num_splits=16, cfg=AttentionKernelConfig(combine_max_reqs=4))
+check_fits(built)
+print(sorted({c.name for c in built}))
+"""
+
+
+def test_fused_epilogues_build_for_hopper() -> None:
+    """The INT4 one-row kernel's SiLU and rotary epilogues, the rotary kernel with q/k norms and
+    the decode split kernel with the in-kernel combine build for sm_90."""
+    out = run_in_subprocess(_FUSED)
+    assert "_gemv1_kernel" in out and "_rotary_kernel" in out and "_decode_split_kernel" in out
+    assert "_decode_reduce_kernel" not in out  # combined in the splits
+
 
 def test_fused_moe_kernels_build_for_hopper() -> None:
     out = run_in_subprocess(_MOE)
