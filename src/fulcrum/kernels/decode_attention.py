@@ -60,11 +60,11 @@ MAX_SPLITS = 32
 #                      batch 1: 256 programs, all resident at once at 4 per multiprocessor) also
 #                      lets the next kernel (the reduce, or after combine_max_reqs's in-kernel
 #                      combine the one after attention) launch before its own wait, so that
-#                      launch hides behind the splits.
-#   combine_max_reqs   up to this many requests no reduce kernel runs: each head group's last
-#                      split program combines the splits (see above). An FP8 cache's deeper pipeline fits fewer
+#                      launch hides behind the splits. An FP8 cache's deeper pipeline fits fewer
 #                      programs per multiprocessor and measured slower releasing early, so it
 #                      keeps the plain launch.
+#   combine_max_reqs   up to this many requests no reduce kernel runs: each head group's last
+#                      split program combines the splits (see above).
 #   min_split_tokens   a split takes at least this many tokens (rounded up to the tile), so a
 #                      short context runs on fewer, longer programs while a long one still
 #                      spreads over every split: the split count stays a function of the batch
@@ -254,7 +254,7 @@ def _combine_last(out_ptr, part_out_ptr, part_lse_ptr, cnt_ptr, q_row, b, heads,
     """Stage 2 inside stage 1 for one head group: this program counts itself done; the group's
     last program weighs the splits' partial outputs by their log-sum-exps (as the reduce
     kernel does), writes the final rows and resets the counter. The barrier puts every
-    thread's partial stores before the count (as ``w4a16_common.split_fixup``); the last
+    thread's partial stores before the count (as ``w4a16_common.split_arrive``); the last
     program reads the partials past L1, which may hold lines of an earlier launch's."""
     tl.debug_barrier()
     done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")

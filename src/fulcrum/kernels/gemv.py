@@ -181,7 +181,7 @@ def _gemv_kernel(
         offs_n = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         mask_n = offs_n < N
     if ROPE:
-        _rope_epilogue(
+        rope_epilogue(
             acc, pid, N, offs_m, mask_m, out_ptr, stride_om, pos_ptr, cs_ptr, stride_cs,
             slot_ptr, kc_ptr, vc_ptr, stride_cb, stride_co, stride_ch, HEAD_DIM, NUM_Q_HEADS,
             NUM_KV_HEADS, PAGE, KV_FP8, V_TOKEN_MAJOR, BLOCK_M, BLOCK_N,
@@ -249,7 +249,7 @@ def _e4m3_words(w, xf, acc, KW: tl.constexpr, FAST: tl.constexpr):
 
 
 @triton.jit
-def _rope_epilogue(
+def rope_epilogue(
     acc,  # [BLOCK_M, BLOCK_N] fp32 sums: rows (d, d + HALF) of a head, pair after pair
     pid,
     N,

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from fulcrum.config import PdlConfig
 from fulcrum.kernels import pdl
-from fulcrum.kernels.gemv import _rope_epilogue
+from fulcrum.kernels.gemv import rope_epilogue
 from fulcrum.kernels.pdl import sm_count
 from fulcrum.kernels.w4a16_common import (
     auto_split,
@@ -205,7 +205,7 @@ def _gemv1_finish(acc, offs_n, mask_n, b_ptr, out_ptr, N, pos_ptr, cs_ptr, strid
     elif ROPE:
         H: tl.constexpr = BLOCK_N // HEAD_DIM
         pairs = tl.permute(tl.reshape(acc, [H, 2, HEAD_DIM // 2]), (0, 2, 1))
-        _rope_epilogue(
+        rope_epilogue(
             tl.reshape(pairs, [1, BLOCK_N]), pid, N, tl.arange(0, 1), tl.full([1], 1, tl.int1),
             out_ptr, 0, pos_ptr, cs_ptr, stride_cs, slot_ptr, kc_ptr, vc_ptr, stride_cb,
             stride_co, stride_ch, HEAD_DIM, NUM_Q_HEADS, NUM_KV_HEADS, PAGE, KV_FP8,
