@@ -16,8 +16,8 @@ query head)) combines the splits: ``out = sum_s 2^(lse_s - M) * o_s / sum_s 2^(l
 With a single split, stage 1 writes the final rows itself and stage 2 is not launched. At a few
 requests (``AttentionKernelConfig.combine_max_reqs``) stage 2 is not launched either: each
 split program counts itself done on its (request, kv head) counter, and the last one combines
-that head group's splits in split order and resets the counter. At batch 1 the reduce's launch
-costs more than its work.
+that head group's splits in split order and resets the counter: at batch 1 the reduce kernel
+reads ~0.5 MB a layer, so its launch and ramp are most of its time.
 
 With ``order`` (a permutation of the requests, longest context first), program row ``i`` serves
 request ``order[i]``: programs start roughly in grid order, so the ones still running at the end
