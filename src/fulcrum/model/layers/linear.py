@@ -114,8 +114,9 @@ def norm_linear(
         y = layer.forward_fp8(q, s, x.dtype)
     else:
         x, h = _norm(norm, x, residual)
-        operands = _one_row_operands(layer, x, kc) if silu and kc.gemv.fuse_silu else None
-        if operands is None and silu and kc.gemv.fuse_silu and _int_one_row(layer, x):
+        fuse = silu and kc.gemv.fuse_silu
+        operands = _one_row_operands(layer, x, kc) if fuse else None
+        if operands is None and fuse and _int_one_row(layer, x):
             act = layer.one_row_epilogue(x, silu=True)
             return (act if then is None else then(act)), h
         if operands is not None:
