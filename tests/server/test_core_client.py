@@ -12,7 +12,8 @@ import pytest
 from fake_core import make_crashing_core, make_fake_core
 
 from fulcrum.engine.async_engine import AsyncEngine, EngineDeadError
-from fulcrum.engine.core_client import CoreClient, CoreDead, CoreUnreachableError, RequestError
+from fulcrum.engine.core_client import CoreClient
+from fulcrum.engine.core_messages import CoreDead, CoreUnreachableError, RequestError
 from fulcrum.engine.output_processor import OutputProcessor
 from fulcrum.protocol import EngineCoreOutputs, EngineCoreRequest, WireSamplingParams
 from fulcrum.sampling_params import SamplingParams

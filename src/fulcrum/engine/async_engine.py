@@ -23,10 +23,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fulcrum.engine.core_client import (
+from fulcrum.engine.core_client import CoreClient
+from fulcrum.engine.core_messages import (
     CallResult,
     CoreCall,
-    CoreClient,
     CoreDead,
     CoreFactory,
     CoreUnreachableError,
@@ -172,7 +172,7 @@ class AsyncEngine:
     ) -> AsyncEngine:
         """Start on a resolved EngineConfig (``EngineArgs.create_engine_config()``); the core
         process loads the model while this process loads the tokenizer."""
-        from fulcrum.engine.core_client import EngineCoreFactory
+        from fulcrum.engine.core_process import EngineCoreFactory
         from fulcrum.model.loader.tokenizer import load_tokenizer
 
         mc = config.model_config

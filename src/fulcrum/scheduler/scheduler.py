@@ -32,13 +32,18 @@ from fulcrum.kv_cache.manager import KVCacheManager
 from fulcrum.lora.registry import LoRARegistry
 from fulcrum.protocol import EngineCoreOutput, EngineCoreRequest, Logprobs, SchedulerStats
 from fulcrum.request import Request, RequestStatus
+from fulcrum.scheduler.grammar import (
+    advance_matchers,
+    attach_matcher,
+    blocking_grammars,
+    sampled_matchers,
+)
 from fulcrum.scheduler.output import NewRequestData, SchedulerOutput
 from fulcrum.scheduler.policy import order_waiting
 from fulcrum.scheduler.speculation import propose_for
 from fulcrum.spec_decode.registry import make_proposer
 from fulcrum.spec_decode.stats import SpecDecodeStats
 from fulcrum.structured.manager import StructuredOutputManager
-from fulcrum.structured.thinking import GatedMatcher
 
 logger = logging.getLogger(__name__)
 
@@ -245,33 +250,17 @@ class Scheduler:
         return out
 
     def _grammar_ready(self, req: Request) -> bool:
-        """Whether a structured request may run: its grammar compiled (a failed compile aborts
-        it; the frontend validated the constraint, so that is an engine fault)."""
-        if req.grammar is None or req.matcher is not None:
-            return True
-        if not req.grammar.done():
-            return False
-        err = req.grammar.exception()
-        if err is not None:
-            logger.error("request %s: grammar compile failed: %s", req.key, err)
+        ready = attach_matcher(req)
+        if isinstance(ready, BaseException):
+            logger.error("request %s: grammar compile failed: %s", req.key, ready)
             self.abort_requests([req.key])
             return False
-        req.matcher = req.grammar.result().new_matcher()
-        gate = req.params.structured_outputs.thinking
-        if gate is not None:  # a reasoning model: the grammar constrains only the answer
-            req.matcher = GatedMatcher(req.matcher, gate)
-        for tok in req.output_token_ids:  # resumed with output (cannot happen today; cheap)
-            req.matcher.accept_token(tok)
-        return True
+        return ready
 
     def blocking_grammars(self) -> list:
         """The compiles every remaining request waits on (empty unless nothing else can run):
         the core then blocks on them instead of stepping an empty schedule in a loop."""
-        if self.running or self._aborted or not self.waiting:
-            return []
-        if any(r.grammar is None or r.grammar.done() for r in self.waiting):
-            return []
-        return list({id(r.grammar): r.grammar for r in self.waiting}.values())
+        return [] if self.running or self._aborted else blocking_grammars(self.waiting)
 
     def needs_bitmask(self, out: SchedulerOutput) -> bool:
         """Whether a sampled row of this step has a grammar."""
@@ -284,12 +273,7 @@ class Scheduler:
         device runs this step's forward; a row whose request ended meanwhile allows all."""
         if self.structured is None:
             return
-        reqs = self._steps.get(out.step_id, [])
-        rows = [
-            r.matcher if not r.status.finished else None
-            for r, s in zip(reqs, out.samples, strict=True)
-            if s
-        ]
+        rows = sampled_matchers(self._steps.get(out.step_id, []), out)
         if any(m is not None for m in rows):
             out.grammar_bitmask = self.structured.bitmask(rows)
 
@@ -426,7 +410,7 @@ class Scheduler:
         results: list[EngineCoreOutput] = []
         k = row = 0
         reqs = self._steps.pop(out.step_id, [])
-        advanced = self._advance_matchers(reqs, out, sampled, num_tokens)
+        advanced = advance_matchers(self.structured, reqs, out, sampled, num_tokens)
         for req, samples in zip(reqs, out.samples, strict=True):
             if not samples:
                 continue  # a prefill chunk: nothing sampled
@@ -480,35 +464,6 @@ class Scheduler:
                 kept_blocks = self.kv.truncate(req.key, req.num_computed_tokens)
                 req.num_runner_blocks = min(req.num_runner_blocks, kept_blocks)
         return results
-
-    def _advance_matchers(
-        self, reqs: list[Request], out: SchedulerOutput, sampled: list[int],
-        num_tokens: list[int] | None,
-    ) -> set[int]:
-        """Advance together the grammars of rows with one new token (every row of a plain decode
-        step); ``update`` then skips their per-token advance. Rows with several tokens (verify
-        steps) advance token by token in ``update``, where a stop may cut the run short. The ids
-        of the advanced requests are returned."""
-        if self.structured is None or not any(r.matcher is not None for r in reqs):
-            return set()  # the common step: a cheap scan, no per-row bookkeeping
-        matchers, tokens, keys = [], [], []
-        k = row = 0
-        for req, samples in zip(reqs, out.samples, strict=True):
-            if not samples:
-                continue
-            c = num_tokens[row] if num_tokens is not None else 1
-            row += 1
-            if c == 1 and req.matcher is not None and not req.status.finished:
-                matchers.append(req.matcher)
-                tokens.append(sampled[k])
-                keys.append(req)
-            k += c
-        if not matchers:
-            return set()
-        for req, tok, ok in zip(keys, tokens, self.structured.accept(matchers, tokens), strict=True):
-            if not ok:
-                logger.warning("request %s: token %d rejected by its grammar", req.key, tok)
-        return {id(r) for r in keys}
 
     def add_prompt_logprobs(self, found: list[tuple[str, int, list[Logprobs]]]) -> None:
         """Merge a step's prompt logprobs (``worker/prompt_logprobs.py``) into their requests:

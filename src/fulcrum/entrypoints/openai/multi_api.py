@@ -78,7 +78,8 @@ def _api_main(
 
 
 def run_multi_api(args: argparse.Namespace, options: Any, engine_config: Any) -> int:
-    from fulcrum.engine.core_client import EngineCoreFactory, ipc_paths, run_engine_core
+    from fulcrum.engine.core_client import ipc_paths
+    from fulcrum.engine.core_process import EngineCoreFactory, run_engine_core
 
     n = args.api_server_count
     # Reserve the port (port 0 picks one) without listening: connections go to the API
