@@ -205,11 +205,46 @@ def report_w4a16(
     )
 
 
+MMA_FLOPS_PER_SM_CYCLE = 4096  # Hopper dense bf16: 989 TFLOP/s / (132 SMs x 1.83 GHz)
+
+
+def report_w4a16_gemm(cfg: tuple[int, ...], arch: int, swap: bool = False, group: int = 128) -> str:
+    """The W4A16 GEMM (``kernels/w4a16.py``, bf16 activations, 4-bit weights) per K tile: one
+    thread's instructions in the K loop, and the cycles a multiprocessor needs to issue every
+    warp's against the cycles its tensor cores need for the tile's MMA (issue-bound if more)."""
+    block_m, block_n, block_k, warps, stages = cfg
+    from fulcrum.kernels import w4a16 as w4a16_mod
+
+    pointers = dict(x_ptr="*bf16", qw_ptr="*i32", z_ptr="*u8", s_ptr="*bf16", m_ptr="*bf16")
+    pointers |= dict(b_ptr="*bf16", out_ptr="*bf16", ws_ptr="*fp32", cnt_ptr="*i32")
+    const = dict(GROUP=group, BITS=4, HAS_MIN=False, HAS_BIAS=False, IEEE=False, SPLIT=1)
+    const |= dict(SWAP=swap, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
+    k = _compile(w4a16_mod._gemm_kernel, pointers, const, arch, warps, stages, None)
+    regs, spill, sass = _ptxas(k.asm["ptx"], arch)
+    loop = main_loop(sass)
+    per_tile = sum(loop.values()) * warps
+    issue = per_tile / 4  # four schedulers per multiprocessor
+    mma = 2 * block_m * block_n * block_k / MMA_FLOPS_PER_SM_CYCLE
+    per_sm = min(REGS_PER_SM // (regs * 32 * warps), SMEM_PER_SM // max(k.metadata.shared, 1))
+    smem_ops = sum(n for op, n in loop.items() if op in ("STS", "LDS", "LDSM", "BAR", "STSM"))
+    return (
+        f"w4a16-gemm bm={block_m} bn={block_n} bk={block_k} w={warps} st={stages} swap={int(swap)}  "
+        f"regs {regs:3d}  spill {spill:4d} B  smem {k.metadata.shared / 1024:5.1f} KB  "
+        f"programs/SM {per_sm}\n"
+        f"        K loop: {sum(loop.values())} instructions per thread per tile "
+        f"({smem_ops} shared-memory ops and barriers); issue {issue:.0f} cycles a tile against "
+        f"{mma:.0f} of MMA ({issue / mma:.1f}x): "
+        + ", ".join(f"{op} {n}" for op, n in loop.most_common(12))
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "--kernel", choices=["decode", "prefill", "gemv", "w4a16"], default="decode",
-        help="decode / prefill attention, the batch-1 GEMV, or the W4A16 GEMV (group 128)",
+        "--kernel", choices=["decode", "prefill", "gemv", "w4a16", "w4a16-gemm"],
+        default="decode",
+        help="decode / prefill attention, the batch-1 GEMV, the W4A16 GEMV or the W4A16 GEMM "
+        "(group 128)",
     )
     p.add_argument(
         "--weight",
@@ -236,13 +271,17 @@ def main() -> None:
         nargs="+",
         default=["64,2,3"],
         help="launch configs, each block_n,num_warps,num_stages[,maxnreg] "
-        "(gemv, w4a16: block_n,block_k,num_warps)",
+        "(gemv, w4a16: block_n,block_k,num_warps; w4a16-gemm: "
+        "block_m,block_n,block_k,num_warps,num_stages)",
     )
     args = p.parse_args()
     for c in args.configs:
         cfg = tuple(int(x) for x in c.split(","))
         if args.kernel == "gemv":
             print(report_gemv(args.weight, cfg, args.arch, args.silu, args.rope))
+        elif args.kernel == "w4a16-gemm":
+            print(report_w4a16_gemm(cfg, args.arch))
+            print(report_w4a16_gemm(cfg, args.arch, swap=True))
         elif args.kernel == "w4a16":
             print(report_w4a16(cfg, args.arch, one_row=True))
             print(report_w4a16(cfg, args.arch, one_row=False))
