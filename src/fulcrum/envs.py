@@ -77,3 +77,18 @@ FULCRUM_LOG_LEVEL = EnvStr("FULCRUM_LOG_LEVEL", "INFO")  # the CLI's logging lev
 # debugging: write each server process's step timeline to <prefix>.core.jsonl / .api.jsonl
 FULCRUM_STEP_TRACE = EnvStr("FULCRUM_STEP_TRACE", None)
 FULCRUM_API_KEY = EnvStr("FULCRUM_API_KEY", None)  # the server's key when --api-key is not given
+
+# -- other libraries' variables, given a default here (a value already set is kept) --------------
+# oneDNN's primitive cache and PyTorch's ideep cache on the CPU keep one entry per input shape,
+# 1,024 each by default, of a few hundred KB each. A serving CPU engine sees a new row count at
+# almost every mixed step, so at their defaults the process grows by up to ~1 GB over hours (a
+# leak to whoever watches its memory); 64 entries hold the decode batch sizes in use, and
+# re-creating an evicted primitive costs nothing measurable beside a step.
+LIBRARY_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
+
+
+def seed_library_defaults() -> None:
+    """Set :data:`LIBRARY_DEFAULTS` where unset; effective before the process's first oneDNN
+    primitive (the libraries read them once)."""
+    for name, value in LIBRARY_DEFAULTS.items():
+        os.environ.setdefault(name, value)
