@@ -80,10 +80,10 @@ FULCRUM_API_KEY = EnvStr("FULCRUM_API_KEY", None)  # the server's key when --api
 
 # -- other libraries' variables, given a default here (a value already set is kept) --------------
 # oneDNN's primitive cache and PyTorch's ideep cache on the CPU keep one entry per input shape,
-# 1,024 each by default, of a few hundred KB each. A serving CPU engine sees a new row count at
-# almost every mixed step, so at their defaults the process grows by up to ~1 GB over hours (a
-# leak to whoever watches its memory); 64 entries hold the decode batch sizes in use, and
-# re-creating an evicted primitive costs nothing measurable beside a step.
+# 1,024 each by default. A serving CPU engine sees a new row count at almost every mixed step, so
+# at their defaults its memory keeps growing over thousands of requests, which reads as a leak
+# (BENCHMARKS §12); 64 entries hold the decode batch sizes in use, and re-creating an evicted
+# primitive is cheap beside a step.
 LIBRARY_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
 
 
