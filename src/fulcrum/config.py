@@ -604,8 +604,20 @@ class KernelConfig:
         "and with speculative decoding for steps of 2 to 64 rows (verify steps); where it serves "
         "every row count the original weight is dropped, else the weights take twice the memory.",
     )
+    cpu_primitive_cache: int = _knob(
+        64,
+        "Entries of oneDNN's primitive cache and PyTorch's ideep cache in a CPU engine's process "
+        "(ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY, where the environment does not "
+        "set them; the libraries' own default is 1,024). Both keep one entry per input shape, "
+        "and a serving engine meets a new row count at almost every mixed step: at 1,024 its "
+        "memory kept growing under sustained traffic (BENCHMARKS §12). 0: no cache.",
+    )
 
     def __post_init__(self) -> None:
+        if self.cpu_primitive_cache < 0:
+            raise ValueError(
+                f"kernel_config.cpu_primitive_cache must be >= 0, got {self.cpu_primitive_cache}."
+            )
         if self.moe_fp8_act_rows < 0:
             raise ValueError(
                 f"kernel_config.moe_fp8_act_rows must be >= 0, got {self.moe_fp8_act_rows}."

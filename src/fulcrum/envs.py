@@ -78,17 +78,12 @@ FULCRUM_LOG_LEVEL = EnvStr("FULCRUM_LOG_LEVEL", "INFO")  # the CLI's logging lev
 FULCRUM_STEP_TRACE = EnvStr("FULCRUM_STEP_TRACE", None)
 FULCRUM_API_KEY = EnvStr("FULCRUM_API_KEY", None)  # the server's key when --api-key is not given
 
-# -- other libraries' variables, given a default here (a value already set is kept) --------------
-# oneDNN's primitive cache and PyTorch's ideep cache on the CPU keep one entry per input shape,
-# 1,024 each by default. A serving CPU engine sees a new row count at almost every mixed step, so
-# at their defaults its memory keeps growing over thousands of requests, which reads as a leak
-# (BENCHMARKS §12); 64 entries hold the decode batch sizes in use, and re-creating an evicted
-# primitive is cheap beside a step.
-LIBRARY_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
+# -- other libraries' variables a CPU engine sets where unset (KernelConfig.cpu_primitive_cache) ---
+PRIMITIVE_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
-def seed_library_defaults() -> None:
-    """Set :data:`LIBRARY_DEFAULTS` where unset; effective before the process's first oneDNN
-    primitive (the libraries read them once)."""
-    for name, value in LIBRARY_DEFAULTS.items():
-        os.environ.setdefault(name, value)
+def seed_primitive_caches(entries: int) -> None:
+    """Give oneDNN's and ideep's per-shape caches ``entries`` where the environment does not
+    size them; effective before the process's first oneDNN primitive (read once)."""
+    for name in PRIMITIVE_CACHE_VARIABLES:
+        os.environ.setdefault(name, str(entries))

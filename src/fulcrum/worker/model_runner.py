@@ -38,7 +38,7 @@ import torch
 from fulcrum.attention.backend import AttentionMetadata
 from fulcrum.attention.selector import get_backend_cls
 from fulcrum.config import EngineConfig, KernelConfig
-from fulcrum.envs import seed_library_defaults
+from fulcrum.envs import seed_primitive_caches
 from fulcrum.kernels.dispatch import use_triton
 from fulcrum.kv_cache.dtype import resolve_kv_cache_dtype
 from fulcrum.lora.layers import LoRAContext, LoRASlots
@@ -66,8 +66,8 @@ class ModelRunner:
         self.config = config
         mc = config.model_config
         self.device = config.device
-        if self.device.type == "cpu":
-            seed_library_defaults()  # before the model's first oneDNN primitive
+        if self.device.type == "cpu":  # before the model's first oneDNN primitive
+            seed_primitive_caches(config.kernel_config.cpu_primitive_cache)
         self.dtype = mc.dtype
         self.kv_dtype = resolve_kv_cache_dtype(config.cache_config.cache_dtype, mc.dtype)
         self.block_size = config.cache_config.block_size
