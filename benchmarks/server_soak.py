@@ -116,9 +116,9 @@ async def one(c: AsyncOpenAI, model: str, i: int, rng: random.Random) -> str | N
                 return "a bad request was answered"
             except Exception as e:
                 if getattr(e, "status_code", None) != 400:
-                    return f"bad request: {e!r}"[:200]
+                    return f"kind {kind}, a bad request: {e!r}"[:200]
     except Exception as e:
-        return repr(e)[:200]
+        return f"kind {kind}: {e!r}"[:200]
     return None
 
 
@@ -153,7 +153,9 @@ async def soak(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if server.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"the server did not start; see {args.log}") from None
                 time.sleep(1)
-        client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        client = AsyncOpenAI(
+            base_url=url + "/v1", api_key="unused", max_retries=0, timeout=args.timeout
+        )
         model = (await client.models.list()).data[0].id
         print(f"started: RSS MiB {rss_mib(server.pid)}", flush=True)
         for r in range(args.rounds):
@@ -178,6 +180,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=240, help="requests per round")
     p.add_argument("--concurrency", type=int, default=32, help="requests in flight at once")
     p.add_argument("--serve-args", default="", help="extra `fulcrum serve` flags, one string")
+    p.add_argument("--timeout", type=float, default=600, help="client timeout of a request (s)")
     p.add_argument("--log", default="/tmp/fulcrum_soak_server.log", help="the server's log file")
     p.add_argument("--json", help="write the per-round rows here")
     args = p.parse_args()

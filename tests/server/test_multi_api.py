@@ -51,6 +51,13 @@ def test_two_api_processes_share_one_core(tmp_path) -> None:
         assert m["fulcrum:prefix_cache_hits_total"] > 0
         with open(s.log_file) as f:
             assert len(f.read().splitlines()) == 6  # both processes append to the one log
+        # n > 1: each of a request's sequences goes back to the process that sent it (the
+        # first one to finish must not hand the others to another process, where they hang)
+        quick = client.with_options(timeout=30)
+        multi = dict(kw, n=3, max_tokens=4, temperature=0.8)
+        with ThreadPoolExecutor(8) as pool:
+            outs = list(pool.map(lambda _: quick.chat.completions.create(**multi), range(8)))
+        assert all(sorted(c.index for c in o.choices) == [0, 1, 2] for o in outs)
         # an adapter loaded through one process is served by both (the core tells each)
         path = make_adapter(str(tmp_path / "adapter"))
         status, _, _ = s.request("POST", "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": path})

@@ -104,7 +104,8 @@ class _CoreLoop:
 
     def __init__(self, core: EngineCoreLike, inp: zmq.Socket, outs: list[zmq.Socket]) -> None:
         self.core, self.inp, self.outs = core, inp, outs
-        self.owner: dict[str, int] = {}  # request id -> client index, with several clients
+        # With several clients: request id -> [client index, its sequences not finished yet]
+        self.owner: dict[str, list[int]] = {}
         self.enc = msgspec.msgpack.Encoder()
         self.req_dec = msgspec.msgpack.Decoder(EngineCoreRequest)
         self.ids_dec = msgspec.msgpack.Decoder(list[str])
@@ -166,7 +167,7 @@ class _CoreLoop:
             try:
                 self.core.add_request(req)
                 if len(self.outs) > 1:
-                    self.owner[req.request_id] = client
+                    self.owner[req.request_id] = [client, max(1, req.sampling_params.n)]
             except ValueError as e:
                 self._send(REQUEST_ERROR, RequestError(req.request_id, str(e)), client)
             except Exception as e:  # a bad request must not take the engine down
@@ -217,10 +218,12 @@ class _CoreLoop:
             return
         per_client: list[list] = [[] for _ in self.outs]
         for o in outs.outputs:
-            client = self.owner.get(o.request_id, 0)
-            if o.finish_reason is not None:
-                self.owner.pop(o.request_id, None)  # n > 1: the request's last sequence ends it
-            per_client[client].append(o)
+            owner = self.owner.get(o.request_id)
+            per_client[owner[0] if owner is not None else 0].append(o)
+            if owner is not None and o.finish_reason is not None:
+                owner[1] -= 1  # each of the n sequences finishes once (stop, length or abort)
+                if not owner[1]:
+                    del self.owner[o.request_id]
         for i, mine in enumerate(per_client):
             if mine or outs.stats != self.last_stats[i]:
                 self.last_stats[i] = outs.stats
