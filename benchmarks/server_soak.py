@@ -22,8 +22,6 @@ import os
 import random
 import re
 import shlex
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -31,19 +29,15 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from server_h200 import env_with_src, free_port, launch, stop_server  # noqa: E402
+
 SCHEMA = {
     "type": "object",
     "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 8}},
     "required": ["a", "b"],
 }
 GAUGES = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_metrics(url: str) -> dict[str, float]:
@@ -135,24 +129,13 @@ async def run_round(
 
 
 async def soak(args: argparse.Namespace) -> list[dict[str, Any]]:
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
+    port = free_port()
     cmd = [sys.executable, "-m", "fulcrum.entrypoints.cli", "serve", "--port", str(port)]
-    log = open(args.log, "w")  # noqa: SIM115 - open for the server's lifetime
-    server = subprocess.Popen(cmd + shlex.split(args.serve_args), env=env, stdout=log,
-                              stderr=subprocess.STDOUT)  # fmt: skip
+    server, log, url, _ = launch(
+        cmd + shlex.split(args.serve_args), env_with_src(), port, args.log, "fulcrum serve"
+    )
     rows = []
     try:
-        deadline = time.time() + 300
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health")
-                break
-            except Exception:
-                if server.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"the server did not start; see {args.log}") from None
-                time.sleep(1)
         client = AsyncOpenAI(
             base_url=url + "/v1", api_key="unused", max_retries=0, timeout=args.timeout
         )
@@ -168,9 +151,7 @@ async def soak(args: argparse.Namespace) -> list[dict[str, Any]]:
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
-        server.terminate()
-        server.wait(60)
-        log.close()
+        stop_server(server, log)
     return rows
 
 
